@@ -1,0 +1,1 @@
+"""Quantization backends; each module registers one method in ``quantkit.registry``."""

@@ -1,0 +1,55 @@
+"""FP8 weights (E4M3) through llm-compressor, saved as a compressed-tensors checkpoint."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import Field
+
+from quantkit.backends.base import Artifact, Backend, BackendOptions, QuantizeJob
+from quantkit.backends.llmcompressor_run import run_oneshot
+
+
+class FP8Options(BackendOptions):
+    """FP8 options. ``FP8_DYNAMIC``: per-channel weights, per-token dynamic activations, no
+    calibration. ``FP8``: per-tensor weights and static activation scales from calibration.
+    ``FP8_BLOCK``: 128x128 block weight scales, dynamic activations."""
+
+    scheme: Literal["FP8_DYNAMIC", "FP8", "FP8_BLOCK"] = "FP8_DYNAMIC"
+    targets: list[str] = Field(default_factory=lambda: ["Linear"], min_length=1)
+    ignore: list[str] = Field(default_factory=lambda: ["lm_head"])
+
+
+class FP8Backend(Backend):
+    """FP8 (E4M3) weight quantization through llm-compressor's QuantizationModifier."""
+
+    name = "fp8"
+    summary = "FP8 E4M3 weights (dynamic or static activations) via llm-compressor"
+    Options = FP8Options
+    runtime = "hf"
+    library = "llmcompressor"
+
+    @classmethod
+    def requires_calibration(cls, options: Any) -> bool:
+        return bool(options.scheme == "FP8")
+
+    @classmethod
+    def describe(cls, options: Any) -> tuple[str, float]:
+        return str(options.scheme), 8.0
+
+    def quantize(self, job: QuantizeJob) -> Artifact:
+        from llmcompressor.modifiers.quantization import QuantizationModifier
+
+        options: FP8Options = job.options  # type: ignore[assignment]
+        modifier = QuantizationModifier(targets=options.targets, scheme=options.scheme, ignore=options.ignore)
+        calibration = job.calibration if self.requires_calibration(options) else None
+        details = run_oneshot(job, modifier, calibration)
+        scheme, bits = self.describe(options)
+        return Artifact(
+            path=job.out_dir,
+            format="compressed-tensors",
+            runtime=self.runtime,
+            scheme=scheme,
+            weight_bits=bits,
+            details=details,
+        )

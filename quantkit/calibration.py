@@ -1,0 +1,174 @@
+"""Calibration and evaluation text -> seeded token windows with a content hash."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+from quantkit.errors import CalibrationError
+from quantkit.paths import builtin_text_dir
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from quantkit.recipe import CalibrationSpec, EvalSpec, TextSource
+
+Role = Literal["calibration", "eval"]
+_BUILTIN_FILES = {"calibration": "calib.jsonl", "eval": "eval.jsonl"}
+
+
+@dataclass
+class TokenWindows:
+    """``ids[i]`` is one window of ``seq_len`` token ids; ``hash`` identifies them exactly."""
+
+    ids: np.ndarray
+    seq_len: int
+    hash: str
+    source: dict[str, Any] = field(default_factory=dict)
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "hash": self.hash,
+            "windows": int(self.ids.shape[0]),
+            "seq_len": self.seq_len,
+            "tokens": int(self.ids.size),
+            **self.source,
+        }
+
+
+def hash_ids(ids: np.ndarray) -> str:
+    """sha256 of the int32 token ids and their shape."""
+    import numpy as np
+
+    array = np.ascontiguousarray(ids, dtype=np.int32)
+    digest = hashlib.sha256(str(array.shape).encode())
+    digest.update(array.tobytes())
+    return digest.hexdigest()
+
+
+def _read_jsonl(path: Path, text_field: str) -> list[str]:
+    texts: list[str] = []
+    with path.open(encoding="utf-8") as handle:
+        for number, line in enumerate(handle, 1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except ValueError:
+                raise CalibrationError(
+                    f"{path}:{number}: not valid JSON", "one JSON object per line"
+                ) from None
+            if not isinstance(record, dict) or text_field not in record:
+                raise CalibrationError(
+                    f"{path}:{number}: no '{text_field}' field",
+                    "set calibration.text_field to the field that holds the text",
+                )
+            texts.append(str(record[text_field]))
+    return texts
+
+
+def _read_local(path: Path, text_field: str) -> list[str]:
+    if not path.is_file():
+        raise CalibrationError(f"text file '{path}' not found", "give a .txt or .jsonl file")
+    try:
+        if path.suffix == ".jsonl":
+            return _read_jsonl(path, text_field)
+        if path.suffix == ".txt":
+            return [path.read_text(encoding="utf-8")]
+    except UnicodeDecodeError as err:
+        raise CalibrationError(
+            f"{path}: not valid UTF-8 (byte {err.start})", "re-encode the file as UTF-8"
+        ) from None
+    except OSError as err:
+        raise CalibrationError(f"{path}: cannot read ({err.strerror})", "check the file") from None
+    raise CalibrationError(f"{path}: unsupported text file type", "use .txt or .jsonl")
+
+
+def _read_hf(name: str, src: TextSource) -> list[str]:
+    """Texts of an HF dataset (hub name or local builder such as 'json' with data files)."""
+    try:
+        from datasets import load_dataset
+    except ImportError:  # pragma: no cover - datasets is a core dependency
+        raise CalibrationError("the 'datasets' library is not installed", "pip install datasets") from None
+    try:
+        dataset = load_dataset(name, src.subset, split=src.split)
+    except (FileNotFoundError, ValueError, ConnectionError, OSError) as err:
+        raise CalibrationError(
+            f"cannot load dataset '{name}': {str(err).splitlines()[0]}",
+            "check the dataset name, subset and split (offline: use a local .jsonl)",
+        ) from None
+    if src.text_field not in dataset.column_names:
+        raise CalibrationError(
+            f"dataset '{name}' has no column '{src.text_field}'",
+            "columns: " + ", ".join(dataset.column_names),
+        )
+    return [str(text) for text in dataset[src.text_field]]
+
+
+def load_texts(src: TextSource, role: Role) -> list[str]:
+    """The documents of a text source; the built-in set gives disjoint calibration/eval parts."""
+    if src.source == "builtin":
+        texts = _read_jsonl(builtin_text_dir() / _BUILTIN_FILES[role], "text")
+    elif src.source.startswith("hf:"):
+        texts = _read_hf(src.source[3:], src)
+    else:
+        texts = _read_local(Path(src.source).expanduser(), src.text_field)
+    texts = [text for text in texts if text.strip()]
+    if not texts:
+        raise CalibrationError(f"{role} text '{src.source}' is empty", "give a file with text")
+    return texts
+
+
+def source_digest(src: TextSource, role: Role) -> dict[str, Any]:
+    """A description of a text source for the manifest."""
+    info: dict[str, Any] = {"source": src.source, "role": role}
+    if src.source == "builtin":
+        info["file"] = _BUILTIN_FILES[role]
+    elif src.source.startswith("hf:"):
+        info.update(subset=src.subset, split=src.split, text_field=src.text_field)
+    return info
+
+
+def _token_stream(texts: list[str], tokenizer: Any) -> np.ndarray:
+    import numpy as np
+
+    ids = tokenizer("\n\n".join(texts), add_special_tokens=False)["input_ids"]
+    return np.asarray(ids, dtype=np.int64)
+
+
+def _chunks(stream: np.ndarray, seq_len: int, wanted: int, role: Role, what: str) -> np.ndarray:
+    count = len(stream) // seq_len
+    if count == 0:
+        raise CalibrationError(
+            f"{role} text has {len(stream)} tokens, shorter than one window of {seq_len}",
+            f"give more text or lower {what}.seq_len",
+        )
+    if count < wanted:
+        raise CalibrationError(
+            f"{role} text has {len(stream)} tokens: {count} windows of {seq_len}, {wanted} wanted",
+            f"give more text, or lower {what}.seq_len or the number of windows",
+        )
+    return stream[: count * seq_len].reshape(count, seq_len)
+
+
+def calibration_windows(spec: CalibrationSpec, tokenizer: Any) -> TokenWindows:
+    """``num_samples`` non-overlapping windows drawn from the calibration text with ``seed``."""
+    import numpy as np
+
+    stream = _token_stream(load_texts(spec, "calibration"), tokenizer)
+    chunks = _chunks(stream, spec.seq_len, spec.num_samples, "calibration", "calibration")
+    rng = np.random.default_rng(spec.seed)
+    picked = np.sort(rng.choice(len(chunks), size=spec.num_samples, replace=False))
+    ids = chunks[picked]
+    source = source_digest(spec, "calibration") | {"seed": spec.seed}
+    return TokenWindows(ids=ids, seq_len=spec.seq_len, hash=hash_ids(ids), source=source)
+
+
+def eval_windows(spec: EvalSpec, tokenizer: Any) -> TokenWindows:
+    """The first ``num_windows`` consecutive windows of the evaluation text."""
+    stream = _token_stream(load_texts(spec, "eval"), tokenizer)
+    ids = _chunks(stream, spec.seq_len, spec.num_windows, "eval", "eval")[: spec.num_windows]
+    return TokenWindows(ids=ids, seq_len=spec.seq_len, hash=hash_ids(ids), source=source_digest(spec, "eval"))

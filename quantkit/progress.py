@@ -1,0 +1,47 @@
+"""How the pipeline reports progress; the CLI supplies a Rich implementation."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+
+class Reporter:
+    """Silent reporter (library use, ``--format json``). Subclasses draw progress."""
+
+    @contextmanager
+    def stage(self, title: str, total: int | None = None) -> Iterator[Callable[[int], None]]:
+        """A named stage; yields ``advance(n)`` for stages with a known ``total``."""
+        yield lambda n: None
+
+    def log(self, message: str) -> None:
+        """A line of progress information."""
+
+
+def quiet_libraries(verbose: bool) -> None:
+    """Silence library progress bars and info logs unless ``verbose``."""
+    import os
+
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    if verbose:
+        return
+    import warnings
+
+    os.environ["TQDM_DISABLE"] = "1"  # compressed-tensors and accelerate draw their own bars
+    os.environ.setdefault("LLM_COMPRESSOR_LOG_DISABLED", "true")
+    warnings.filterwarnings("ignore", category=UserWarning)
+    warnings.filterwarnings("ignore", category=FutureWarning)
+    import transformers
+    from loguru import logger
+
+    transformers.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()
+    for name in ("llmcompressor", "compressed_tensors"):
+        logger.disable(name)
+    try:
+        import datasets
+
+        datasets.disable_progress_bars()
+        datasets.logging.set_verbosity_error()
+    except ImportError:  # pragma: no cover
+        pass

@@ -1,0 +1,214 @@
+"""Recipes: pydantic models (extra="forbid"), YAML load/dump and ``--set key=value`` overrides."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from quantkit.errors import RecipeError
+from quantkit.paths import recipes_dir
+from quantkit.registry import did_you_mean, get_backend
+
+MAX_RECIPE_BYTES = 1_000_000
+
+
+class StrictModel(BaseModel):
+    """Base for every recipe section: unknown fields are errors."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+class TextSource(StrictModel):
+    """Where text comes from: ``builtin``, a local ``.txt``/``.jsonl`` file, or ``hf:<dataset>``."""
+
+    source: str = "builtin"
+    text_field: str = Field("text", description="field holding the text in .jsonl / HF datasets")
+    split: str = Field("train", description="HF dataset split")
+    subset: str | None = Field(None, description="HF dataset configuration name")
+
+
+class CalibrationSpec(TextSource):
+    """Calibration tokens: ``num_samples`` windows of ``seq_len`` tokens, sampled with ``seed``."""
+
+    num_samples: int = Field(32, ge=1, le=100_000)
+    seq_len: int = Field(256, ge=8, le=131_072)
+    seed: int = 0
+
+
+class EvalSpec(TextSource):
+    """Evaluation windows: the first ``num_windows`` windows of ``seq_len`` tokens of the text."""
+
+    num_windows: int = Field(24, ge=1, le=100_000)
+    seq_len: int = Field(512, ge=8, le=131_072)
+    top_k: int = Field(32, ge=1, le=1024, description="baseline log-probs kept per position for KLD")
+    batch_size: int = Field(4, ge=1, le=1024)
+
+
+class GateSpec(StrictModel):
+    """Thresholds a run must meet; a missing metric fails its check."""
+
+    max_kld: float | None = Field(None, ge=0, description="max mean KL-divergence (nats)")
+    max_kld_p99: float | None = Field(None, ge=0, description="max 99th-percentile KLD (nats)")
+    max_ppl_increase_pct: float | None = Field(None, description="max perplexity increase, %")
+    min_top1_pct: float | None = Field(None, ge=0, le=100, description="min top-1 agreement, %")
+
+    def is_empty(self) -> bool:
+        return all(value is None for value in self.model_dump().values())
+
+
+class Recipe(StrictModel):
+    """A complete, validated quantization recipe."""
+
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+    description: str = ""
+    method: str
+    options: dict[str, Any] = Field(default_factory=dict)
+    model: str | None = Field(None, description="HF folder, hub id or 'smollm2-135m' (default)")
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    seed: int = 0
+    calibration: CalibrationSpec = Field(default_factory=CalibrationSpec)
+    eval: EvalSpec = Field(default_factory=EvalSpec)
+    gates: GateSpec = Field(default_factory=GateSpec)
+
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False)
+
+
+def _model_for(loc: tuple[Any, ...]) -> type[BaseModel] | None:
+    """The pydantic model that owns the field at ``loc`` (for did-you-mean on unknown fields)."""
+    model: type[BaseModel] = Recipe
+    for part in loc[:-1]:
+        field = model.model_fields.get(str(part))
+        annotation = field.annotation if field else None
+        if not (isinstance(annotation, type) and issubclass(annotation, BaseModel)):
+            return None
+        model = annotation
+    return model
+
+
+def _format_validation_error(
+    err: ValidationError, prefix: tuple[Any, ...] = (), owner: type[BaseModel] | None = None
+) -> RecipeError:
+    first = err.errors()[0]
+    loc = prefix + tuple(first["loc"])
+    where = ".".join(str(part) for part in loc) or "recipe"
+    if first["type"] == "extra_forbidden":
+        parent = owner if owner is not None else _model_for(loc)
+        fields = sorted(parent.model_fields) if parent else []
+        hint = did_you_mean(str(loc[-1]), fields) if fields else "remove it"
+        return RecipeError(f"unknown field '{where}'", hint)
+    if first["type"] == "missing":
+        return RecipeError(f"missing required field '{where}'", "see `quantkit recipes show`")
+    value = first.get("input")
+    shown = repr(value) if not isinstance(value, dict) else "a mapping"
+    more = f" ({len(err.errors()) - 1} more problem(s))" if len(err.errors()) > 1 else ""
+    return RecipeError(
+        f"invalid value for '{where}': {first['msg']} (got {shown}){more}",
+        "fix the value in the recipe or with --set",
+    )
+
+
+def validate_recipe(data: Any) -> Recipe:
+    """Validate a raw mapping into a Recipe, including the method's own typed options."""
+    if not isinstance(data, dict):
+        raise RecipeError("a recipe must be a YAML mapping", "see recipes/ for examples")
+    try:
+        recipe = Recipe.model_validate(data)
+    except ValidationError as err:
+        raise _format_validation_error(err) from None
+    backend = get_backend(recipe.method)
+    try:
+        options = backend.Options.model_validate(recipe.options)
+    except ValidationError as err:
+        raise _format_validation_error(err, ("options",), backend.Options) from None
+    backend.check_recipe(options, recipe)
+    return recipe.model_copy(update={"options": options.model_dump(mode="json")})
+
+
+def resolve_recipe_path(ref: str | Path) -> Path:
+    """A recipe file path, or the name of a shipped recipe (``fp8-dynamic``)."""
+    path = Path(ref).expanduser()
+    if path.is_file():
+        return path
+    shipped = recipes_dir() / f"{ref}.yaml"
+    if not path.suffix and shipped.is_file():
+        return shipped
+    if path.exists():
+        raise RecipeError(f"recipe '{ref}' is not a file", "give a .yaml recipe file")
+    names = [p.stem for p in sorted(recipes_dir().glob("*.yaml"))]
+    raise RecipeError(f"recipe '{ref}' not found", did_you_mean(Path(str(ref)).stem, names))
+
+
+class _NoAliasLoader(yaml.SafeLoader):
+    """Safe YAML loader that refuses aliases, which defeats 'billion laughs' recipes."""
+
+    def compose_node(self, parent: Any, index: Any) -> Any:  # type: ignore[override]
+        if self.check_event(yaml.events.AliasEvent):
+            mark = self.peek_event().start_mark
+            raise yaml.composer.ComposerError(
+                None, None, "YAML aliases (*name) are not allowed in recipes", mark
+            )
+        return super().compose_node(parent, index)
+
+
+def load_raw(path: Path) -> dict[str, Any]:
+    """Read a recipe file into a plain mapping (no validation yet)."""
+    try:
+        size = path.stat().st_size
+        if size > MAX_RECIPE_BYTES:
+            raise RecipeError(f"{path}: recipe is {size} bytes", "recipes are small YAML files")
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise RecipeError(f"{path}: not UTF-8 text", "save the recipe as UTF-8") from None
+    except OSError as err:
+        raise RecipeError(f"{path}: cannot read ({err.strerror})", "check the path") from None
+    try:
+        data = yaml.load(text, Loader=_NoAliasLoader)
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+        raise RecipeError(f"{path}: malformed YAML{where}: {problem}", "fix the YAML") from None
+    if data is None:
+        raise RecipeError(f"{path}: recipe is empty", "see recipes/ for examples")
+    if not isinstance(data, dict):
+        raise RecipeError(f"{path}: a recipe must be a YAML mapping", "see recipes/ for examples")
+    return data
+
+
+def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """Apply ``key.sub=value`` overrides (values parsed as YAML scalars) to a raw recipe."""
+    result = copy.deepcopy(data)
+    for item in overrides:
+        key, sep, raw_value = item.partition("=")
+        if not sep or not key.strip():
+            raise RecipeError(f"bad override '{item}'", "use --set key=value, e.g. eval.seq_len=256")
+        try:
+            value = yaml.safe_load(raw_value) if raw_value.strip() else ""
+        except yaml.YAMLError:
+            value = raw_value
+        node: Any = result
+        parts = key.strip().split(".")
+        for part in parts[:-1]:
+            child = node.get(part)
+            if child is None:
+                child = node[part] = {}
+            if not isinstance(child, dict):
+                raise RecipeError(f"override '{key}': '{part}' is not a section", "check the key")
+            node = child
+        node[parts[-1]] = value
+    return result
+
+
+def load_recipe(ref: str | Path, overrides: list[str] | None = None) -> Recipe:
+    """Load, override and validate a recipe given by path or shipped name."""
+    path = resolve_recipe_path(ref)
+    data = apply_overrides(load_raw(path), overrides or [])
+    try:
+        return validate_recipe(data)
+    except RecipeError as err:
+        raise RecipeError(f"{path.name}: {err.message}", err.hint) from None

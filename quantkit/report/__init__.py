@@ -1,0 +1,1 @@
+"""Comparison reports over runs: terminal table, Markdown, JSON."""

@@ -1,0 +1,1 @@
+"""Runtimes: how an artifact (or the baseline) is loaded and scored."""
