@@ -20,8 +20,14 @@ def _documents() -> list[tuple[str, str]]:
     from pydoc_data.topics import topics
 
     docs: list[tuple[str, str]] = []
-    for topic in sorted(topics):
-        paragraphs = [p.strip("\n") for p in topics[topic].split("\n\n") if p.strip()]
+    seen: set[str] = set()  # topics repeat sections; keep each paragraph once, so the
+    for topic in sorted(topics):  # calibration and evaluation parts share no paragraph
+        paragraphs = []
+        for para in topics[topic].split("\n\n"):
+            para = para.strip("\n")
+            if para.strip() and para not in seen:
+                seen.add(para)
+                paragraphs.append(para)
         chunk: list[str] = []
         size = 0
         part = 0

@@ -133,7 +133,15 @@ def check_causal_lm(folder: Path, trust_remote_code: bool = False) -> str:
     if not config.get("auto_map"):
         from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
-        if model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
+        causal_classes = {
+            name
+            for value in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.values()
+            for name in ((value,) if isinstance(value, str) else value)
+        }
+        declared = config.get("architectures") or []
+        if model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES or (
+            declared and not any(name in causal_classes for name in declared)
+        ):
             raise ModelSourceError(
                 f"'{folder}' is not a causal language model (model_type={model_type!r})",
                 "quantkit quantizes decoder-only LMs (llama, mistral, qwen2, gemma, ...)",
@@ -230,8 +238,8 @@ def _convert_gguf_to_hf(gguf_dir: Path, gguf_file: str, out: Path) -> None:
     tokenizer = AutoTokenizer.from_pretrained(gguf_dir, gguf_file=gguf_file)
     # transformers keeps the GGUF quantizer attached and refuses to save; the weights are
     # already dequantized, so drop it and save a plain checkpoint.
-    model.hf_quantizer = None
-    model.is_quantized = False
+    setattr(model, "hf_quantizer", None)  # noqa: B010 - typed as a module attribute
+    setattr(model, "is_quantized", False)  # noqa: B010
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
     # The tokenizer rebuilt from GGUF metadata loses SmolLM2's digit splitting; restore it so

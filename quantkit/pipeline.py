@@ -11,7 +11,7 @@ from typing import Any
 from quantkit import __version__
 from quantkit.backends.base import Artifact, QuantizeJob
 from quantkit.gate import GateResult, evaluate_gate
-from quantkit.progress import Reporter, quiet_libraries
+from quantkit.progress import Reporter, library_bars_hidden, quiet_libraries
 from quantkit.recipe import Recipe
 from quantkit.registry import get_backend
 from quantkit.store import MANIFEST, MANIFEST_SCHEMA, RunRecord, RunWriter, check_output, new_run_id
@@ -74,6 +74,11 @@ def _reference(
 
 def run_quantize(request: QuantizeRequest, reporter: Reporter | None = None) -> RunResult:
     """Quantize, evaluate against the baseline, gate, and store one run."""
+    with library_bars_hidden(request.verbose):
+        return _run_quantize(request, reporter)
+
+
+def _run_quantize(request: QuantizeRequest, reporter: Reporter | None) -> RunResult:
     from quantkit.calibration import calibration_windows, eval_windows
     from quantkit.device import resolve_device
     from quantkit.environment import environment

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import Any
 
 
 class Reporter:
@@ -45,3 +46,35 @@ def quiet_libraries(verbose: bool) -> None:
         datasets.logging.set_verbosity_error()
     except ImportError:  # pragma: no cover
         pass
+
+
+class _DropProgressBars:
+    """A stderr proxy that drops the tqdm bars some libraries draw unconditionally."""
+
+    def __init__(self, target: Any) -> None:
+        self._target = target
+
+    def write(self, text: str) -> int:
+        bar = "\r" in text and ("it/s" in text or "s/it" in text or "%|" in text)
+        if bar or text == "\n":  # a bar, or the newline tqdm writes when a bar closes
+            return len(text)
+        return int(self._target.write(text))
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._target, name)
+
+
+@contextmanager
+def library_bars_hidden(verbose: bool) -> Iterator[None]:
+    """Hide library progress bars on stderr for the duration (unless ``verbose``)."""
+    import sys
+
+    if verbose:
+        yield
+        return
+    original = sys.stderr
+    sys.stderr = _DropProgressBars(original)
+    try:
+        yield
+    finally:
+        sys.stderr = original

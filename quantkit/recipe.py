@@ -146,7 +146,7 @@ def resolve_recipe_path(ref: str | Path) -> Path:
 class _NoAliasLoader(yaml.SafeLoader):
     """Safe YAML loader that refuses aliases, which defeats 'billion laughs' recipes."""
 
-    def compose_node(self, parent: Any, index: Any) -> Any:  # type: ignore[override]
+    def compose_node(self, parent: Any, index: Any) -> Any:
         if self.check_event(yaml.events.AliasEvent):
             mark = self.peek_event().start_mark
             raise yaml.composer.ComposerError(

@@ -38,7 +38,7 @@ def run_oneshot(job: QuantizeJob, modifier: Any, calibration: TokenWindows | Non
         logger.disable("compressed_tensors")
     torch.manual_seed(job.seed)
     job.log("loading the model for quantization")
-    model = AutoModelForCausalLM.from_pretrained(
+    model: Any = AutoModelForCausalLM.from_pretrained(
         job.model_path,
         dtype=torch_dtype_for(job.device),
         trust_remote_code=job.trust_remote_code,

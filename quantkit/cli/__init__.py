@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import sys
 
-import click
 import typer
 
 from quantkit import __version__
@@ -41,11 +40,12 @@ def root(
 
 
 def _fail(message: str, hint: str, code: int) -> int:
-    from quantkit.cli.output import stderr
-
-    stderr.print(f"[red]error:[/red] {message}", highlight=False, markup=True)
+    """Print an error as one line plus a hint (plain text: robust even mid-progress-bar)."""
+    first_line = message.strip().splitlines()[0] if message.strip() else "failed"
+    sys.stderr.write(f"error: {first_line}\n")
     if hint:
-        stderr.print(f"[dim]hint:[/dim] {hint}", highlight=False)
+        sys.stderr.write(f"hint: {hint}\n")
+    sys.stderr.flush()
     return code
 
 
@@ -54,18 +54,22 @@ def main(argv: list[str] | None = None) -> int:
     debug = bool(os.environ.get("QUANTKIT_DEBUG"))
     try:
         result = app(args=argv, standalone_mode=False)
-        return int(result) if isinstance(result, int) else 0
+        code = int(result) if isinstance(result, int) else 0
+        if code == 130:  # typer turns Ctrl-C into exit code 130
+            return _fail("interrupted", "nothing partial was kept; run the command again", 130)
+        return code
     except QuantkitError as err:
         if debug:
             raise
         return _fail(err.message, err.hint, err.exit_code)
-    except click.exceptions.Exit as err:
+    except typer.Exit as err:
         return int(err.exit_code)
-    except click.ClickException as err:
-        return _fail(err.format_message(), "see --help", 2)
-    except (KeyboardInterrupt, click.exceptions.Abort):
+    except (KeyboardInterrupt, typer.Abort):
         return _fail("interrupted", "nothing partial was kept; run the command again", 130)
     except Exception as err:
+        if _is_usage_error(err):  # typer's (vendored click) usage errors: bad flag, command...
+            message = err.format_message()  # type: ignore[attr-defined]
+            return _fail(message, "see quantkit --help", 2) if message else 2  # empty: help shown
         if debug:
             raise
         first = str(err).splitlines()[0] if str(err) else ""
@@ -74,6 +78,10 @@ def main(argv: list[str] | None = None) -> int:
             "rerun with QUANTKIT_DEBUG=1 for the traceback",
             3,
         )
+
+
+def _is_usage_error(err: Exception) -> bool:
+    return callable(getattr(err, "format_message", None)) and isinstance(getattr(err, "exit_code", None), int)
 
 
 def run() -> None:

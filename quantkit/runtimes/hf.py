@@ -22,10 +22,10 @@ class HFRuntime:
         from transformers import AutoModelForCausalLM
 
         self.device = device
-        self.model = AutoModelForCausalLM.from_pretrained(
+        model: Any = AutoModelForCausalLM.from_pretrained(
             path, dtype=torch_dtype_for(device), trust_remote_code=trust_remote_code
         )
-        self.model.to(device)
+        self.model: Any = model.to(device)
         self.model.eval()
 
     def log_probs(self, ids: Any) -> Any:

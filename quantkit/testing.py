@@ -1,0 +1,61 @@
+"""Tiny random causal LMs for tests and examples (built locally, no hub)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from quantkit.calibration import load_texts
+
+
+def make_tiny_tokenizer(out: Path, vocab_size: int = 384) -> None:
+    """Train a small byte-level BPE tokenizer on the built-in calibration text and save it."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    from quantkit.recipe import TextSource
+
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=["<|endoftext|>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    texts = load_texts(TextSource(), "calibration")[:40]
+    tokenizer.train_from_iterator(texts, trainer=trainer)
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer, bos_token="<|endoftext|>", eos_token="<|endoftext|>"
+    )
+    fast.save_pretrained(out)
+
+
+def make_tiny_llama(
+    out: Path, seed: int = 0, hidden_size: int = 128, num_layers: int = 2, vocab_size: int = 384
+) -> Path:
+    """Save a randomly initialised Llama (float32) with a matching tokenizer into ``out``."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    out.mkdir(parents=True, exist_ok=True)
+    make_tiny_tokenizer(out, vocab_size)
+    config = LlamaConfig(
+        vocab_size=vocab_size,
+        hidden_size=hidden_size,
+        intermediate_size=hidden_size * 2,
+        num_hidden_layers=num_layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=1024,
+        tie_word_embeddings=True,
+        bos_token_id=0,
+        eos_token_id=0,
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model: Any = LlamaForCausalLM(config)
+        model = model.to(torch.float32)
+    model.save_pretrained(out)
+    return out

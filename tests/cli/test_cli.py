@@ -1,0 +1,208 @@
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from quantkit.cli import main
+from quantkit.models import fingerprint
+
+
+def run_cli(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
+    code = main([str(arg) for arg in args])
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def test_help_does_not_import_torch() -> None:
+    code = (
+        "import sys\n"
+        "from quantkit.cli import main\n"
+        "assert main(['--help']) == 0\n"
+        "assert main(['recipes', 'list']) == 0\n"
+        "heavy = [m for m in ('torch', 'transformers', 'llmcompressor', 'numpy') if m in sys.modules]\n"
+        "assert not heavy, heavy\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, capture_output=True)
+
+
+def test_version(capsys) -> None:
+    code, out, _ = run_cli(capsys, "--version")
+    assert code == 0 and out.startswith("quantkit ")
+
+
+@pytest.fixture
+def finished_run(tmp_path: Path, tiny_recipe: Path, capsys) -> Path:
+    out = tmp_path / "run-a"
+    code, _, stderr = run_cli(capsys, "quantize", tiny_recipe, "--out", out)
+    assert code == 0, stderr
+    return out
+
+
+def test_quantize_writes_a_complete_run(finished_run: Path, tiny_model: Path) -> None:
+    manifest = json.loads((finished_run / "manifest.json").read_text())
+    assert manifest["status"] == "complete"
+    assert manifest["recipe"]["method"] == "fp8"
+    assert manifest["model"]["fingerprint"] == fingerprint(tiny_model)
+    assert manifest["environment"]["libraries"]["llmcompressor"]
+    assert manifest["environment"]["libraries"]["torch"]
+    assert manifest["seeds"] == {"run": 0, "calibration": 0}
+    assert manifest["calibration"] is None  # FP8 dynamic is data-free
+    assert len(manifest["eval"]["hash"]) == 64 and manifest["eval"]["windows"] == 4
+    quantized = manifest["metrics"]["quantized"]
+    assert quantized["kld_mean"]["value"] > 0 and quantized["kld_mean"]["higher_is_better"] is False
+    assert quantized["top1_agreement_pct"]["higher_is_better"] is True
+    assert manifest["metrics"]["baseline"]["ppl"]["value"] > 1
+    assert manifest["gate"]["passed"] is True
+    assert {"quantize_s", "eval_s", "total_s"} <= set(manifest["timings"])
+    for name in ("recipe.yaml", "report.md", "report.json", "eval_windows.json", "artifact/config.json"):
+        assert (finished_run / name).is_file(), name
+    assert (finished_run / "artifact" / "quantkit-recipe.yaml").is_file()
+    config = json.loads((finished_run / "artifact" / "config.json").read_text())
+    assert config["quantization_config"]["quant_method"] == "compressed-tensors"
+    assert not list(finished_run.parent.glob(".run-a.partial-*"))
+
+
+def test_source_model_is_untouched(tiny_model: Path, tmp_path: Path, tiny_recipe: Path, capsys) -> None:
+    before = sorted((p.name, p.stat().st_mtime_ns) for p in tiny_model.iterdir())
+    print_before = fingerprint(tiny_model)
+    assert run_cli(capsys, "quantize", tiny_recipe, "--out", tmp_path / "r")[0] == 0
+    assert sorted((p.name, p.stat().st_mtime_ns) for p in tiny_model.iterdir()) == before
+    assert fingerprint(tiny_model) == print_before
+
+
+def test_second_run_reuses_the_cached_reference(
+    finished_run: Path, tiny_recipe: Path, tmp_path: Path, capsys
+) -> None:
+    code, _, _ = run_cli(
+        capsys, "quantize", tiny_recipe, "--out", tmp_path / "run-b", "--set", "options.scheme=FP8_BLOCK"
+    )
+    assert code == 0
+    first = json.loads((finished_run / "manifest.json").read_text())
+    second = json.loads((tmp_path / "run-b" / "manifest.json").read_text())
+    assert second["eval"]["reference_cached"] is True
+    assert second["eval"]["reference_key"] == first["eval"]["reference_key"]
+    assert "reference_s" not in second["timings"]
+    assert second["artifact"]["scheme"] == "FP8_BLOCK"
+
+
+def test_static_fp8_uses_calibration(tiny_recipe: Path, tmp_path: Path, capsys) -> None:
+    code, _, err = run_cli(
+        capsys, "quantize", tiny_recipe, "--out", tmp_path / "s", "--set", "options.scheme=FP8"
+    )
+    assert code == 0, err
+    manifest = json.loads((tmp_path / "s" / "manifest.json").read_text())
+    assert manifest["calibration"]["windows"] == 4 and manifest["calibration"]["seq_len"] == 64
+    assert len(manifest["calibration"]["hash"]) == 64
+
+
+def test_json_format_is_machine_readable(tiny_recipe: Path, tmp_path: Path, capsys) -> None:
+    code, out, _ = run_cli(capsys, "quantize", tiny_recipe, "--out", tmp_path / "j", "--format", "json")
+    assert code == 0
+    data = json.loads(out)
+    assert data["manifest"]["metrics"]["quantized"]["kld_mean"]["value"] >= 0
+
+
+def test_default_out_goes_to_the_runs_folder(tiny_recipe: Path, tmp_path: Path, capsys) -> None:
+    code, _, _ = run_cli(capsys, "quantize", tiny_recipe)
+    assert code == 0
+    runs = [p for p in (tmp_path / "runs").iterdir()]
+    assert len(runs) == 1 and runs[0].name.endswith("-tiny-fp8")
+
+
+def test_failing_recipe_gate_exits_1(tiny_recipe: Path, tmp_path: Path, capsys) -> None:
+    code, _, err = run_cli(
+        capsys, "quantize", tiny_recipe, "--out", tmp_path / "g", "--set", "gates.max_kld=0"
+    )
+    assert code == 1
+    assert "kld_mean" in err and "FAILED" in err
+    assert (tmp_path / "g" / "manifest.json").is_file()  # the run is kept; the gate failed
+
+
+def test_report_over_two_runs(finished_run: Path, tiny_recipe: Path, tmp_path: Path, capsys) -> None:
+    assert (
+        run_cli(
+            capsys, "quantize", tiny_recipe, "--out", tmp_path / "b", "--set", "options.scheme=FP8_BLOCK"
+        )[0]
+        == 0
+    )
+    md, js = tmp_path / "cmp.md", tmp_path / "cmp.json"
+    code, out, _ = run_cli(capsys, "report", finished_run, tmp_path / "b", "-o", md, "-o", js)
+    assert code == 0
+    assert "baseline" in out and "FP8_BLOCK" in out
+    table = md.read_text()
+    assert table.count("\n| ") == 4  # header + baseline + two runs
+    data = json.loads(js.read_text())
+    assert [row["name"] for row in data["rows"]] == ["baseline", "tiny-fp8", "tiny-fp8"]
+    assert data["rows"][0]["kld_mean"] == 0.0 and data["rows"][1]["kld_mean"] > 0
+    assert data["schema_version"] == 1
+
+
+def test_report_refuses_unknown_extension(finished_run: Path, tmp_path: Path, capsys) -> None:
+    code, _, err = run_cli(capsys, "report", finished_run, "-o", tmp_path / "x.pdf")
+    assert code == 2 and "hint:" in err
+
+
+def test_gate_cli(finished_run: Path, capsys) -> None:
+    assert run_cli(capsys, "gate", finished_run, "--max-kld", "10", "--min-top1", "1%")[0] == 0
+    code, out, _ = run_cli(capsys, "gate", finished_run, "--max-kld", "0")
+    assert code == 1 and "FAIL" in out and "kld_mean" in out
+    assert run_cli(capsys, "gate", finished_run)[0] == 0  # the recipe's own gates
+    code, out, _ = run_cli(capsys, "gate", finished_run, "--max-ppl-increase", "-50%", "--format", "json")
+    assert code == 1 and json.loads(out)["passed"] is False
+
+
+def test_gate_missing_metric_fails(finished_run: Path, capsys) -> None:
+    manifest_path = finished_run / "manifest.json"
+    manifest = json.loads(manifest_path.read_text())
+    del manifest["metrics"]["quantized"]["kld_mean"]
+    manifest_path.write_text(json.dumps(manifest))
+    code, out, _ = run_cli(capsys, "gate", finished_run, "--max-kld", "10")
+    assert code == 1 and "missing" in out
+
+
+def test_gate_without_thresholds_is_a_usage_error(finished_run: Path, capsys) -> None:
+    manifest_path = finished_run / "manifest.json"
+    manifest = json.loads(manifest_path.read_text())
+    manifest["recipe"]["gates"] = {}
+    manifest_path.write_text(json.dumps(manifest))
+    code, _, err = run_cli(capsys, "gate", finished_run)
+    assert code == 2 and "no thresholds" in err
+
+
+def test_interrupted_run_leaves_nothing(tiny_recipe: Path, tmp_path: Path, capsys, monkeypatch) -> None:
+    from quantkit.backends import fp8
+
+    def boom(self, job):
+        (job.out_dir).mkdir(parents=True, exist_ok=True)
+        (job.out_dir / "model.safetensors").write_bytes(b"half")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(fp8.FP8Backend, "quantize", boom)
+    code, _, err = run_cli(capsys, "quantize", tiny_recipe, "--out", tmp_path / "out" / "run")
+    assert code == 130 and "interrupted" in err
+    assert list((tmp_path / "out").iterdir()) == []
+
+
+def test_overwrite_replaces_only_when_complete(finished_run: Path, tiny_recipe: Path, capsys) -> None:
+    old = json.loads((finished_run / "manifest.json").read_text())["run_id"]
+    code, _, _ = run_cli(
+        capsys, "quantize", tiny_recipe, "--out", finished_run, "--overwrite", "--set", "seed=1"
+    )
+    assert code == 0
+    manifest = json.loads((finished_run / "manifest.json").read_text())
+    assert manifest["seeds"]["run"] == 1 and manifest["run_id"] == old
+    assert [p.name for p in finished_run.parent.iterdir() if p.name.startswith(".")] == []
+
+
+def test_recipes_show_and_validate(tmp_path: Path, capsys) -> None:
+    code, out, _ = run_cli(capsys, "recipes", "show", "fp8-static", "--set", "calibration.num_samples=8")
+    assert code == 0 and "num_samples: 8" in out
+    code, out, _ = run_cli(capsys, "recipes", "list", "--format", "json")
+    assert code == 0 and {row["name"] for row in json.loads(out)} >= {"fp8-dynamic", "fp8-static"}
+    from quantkit.paths import recipes_dir
+
+    assert run_cli(capsys, "recipes", "validate", *sorted(recipes_dir().glob("*.yaml")))[0] == 0

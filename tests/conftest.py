@@ -1,0 +1,54 @@
+"""Shared fixtures: an isolated cache, offline hub settings, and a tiny random Llama."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+@pytest.fixture(scope="session")
+def session_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("quantkit-cache")
+
+
+@pytest.fixture(autouse=True)
+def isolated_cache(session_cache: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
+    """Every test uses the session's cache and its own runs folder."""
+    monkeypatch.setenv("QUANTKIT_CACHE", str(session_cache))
+    monkeypatch.setenv("QUANTKIT_RUNS_DIR", str(tmp_path / "runs"))
+    return session_cache
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny random Llama with a trained byte-level BPE tokenizer (read-only by convention)."""
+    from quantkit.testing import make_tiny_llama
+
+    return make_tiny_llama(tmp_path_factory.mktemp("tiny") / "tiny-llama")
+
+
+@pytest.fixture
+def tiny_recipe(tmp_path: Path, tiny_model: Path) -> Path:
+    """A small FP8-dynamic recipe on the tiny model."""
+    path = tmp_path / "tiny.yaml"
+    path.write_text(
+        f"""
+name: tiny-fp8
+method: fp8
+options: {{scheme: FP8_DYNAMIC}}
+model: {tiny_model}
+device: cpu
+calibration: {{num_samples: 4, seq_len: 64}}
+eval: {{num_windows: 4, seq_len: 64, top_k: 8, batch_size: 2}}
+gates: {{max_kld: 1.0}}
+""",
+        encoding="utf-8",
+    )
+    return path
