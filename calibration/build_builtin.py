@@ -50,9 +50,10 @@ def _is_eval(doc_id: str) -> bool:
 def main(out_dir: Path) -> None:
     docs = _documents()
     out_dir.mkdir(parents=True, exist_ok=True)
-    with (out_dir / "calib.jsonl").open("w", encoding="utf-8") as calib, (
-        out_dir / "eval.jsonl"
-    ).open("w", encoding="utf-8") as held_out:
+    with (
+        (out_dir / "calib.jsonl").open("w", encoding="utf-8") as calib,
+        (out_dir / "eval.jsonl").open("w", encoding="utf-8") as held_out,
+    ):
         for doc_id, text in docs:
             target = held_out if _is_eval(doc_id) else calib
             target.write(json.dumps({"id": doc_id, "text": text}, ensure_ascii=False) + "\n")
