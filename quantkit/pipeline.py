@@ -222,11 +222,11 @@ def _evaluate(
     timer: _Timer,
 ) -> tuple[dict[str, float], dict[str, list[float]]]:
     from quantkit.evals.quality import baseline_metrics, per_window, score, summarize
-    from quantkit.runtimes.hf import HFRuntime
+    from quantkit.runtimes import open_runtime
 
     start = time.perf_counter()
     with reporter.stage("evaluating the artifact", total=len(windows.ids)) as advance:
-        runtime = HFRuntime(artifact.path, device)
+        runtime = open_runtime(artifact.runtime, artifact.path, device)
         scores = score(runtime.log_probs, windows, reference, recipe.eval.batch_size, advance)
         runtime.close()
     timer.measure("eval_s", start)

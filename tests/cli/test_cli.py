@@ -198,6 +198,16 @@ def test_overwrite_replaces_only_when_complete(finished_run: Path, tiny_recipe: 
     assert [p.name for p in finished_run.parent.iterdir() if p.name.startswith(".")] == []
 
 
+def test_backends_list_and_info(capsys) -> None:
+    code, out, _ = run_cli(capsys, "backends", "list", "--format", "json")
+    assert code == 0 and "fp8" in {row["name"] for row in json.loads(out)}
+    code, out, _ = run_cli(capsys, "backends", "info", "fp8", "--format", "json")
+    assert code == 0
+    assert json.loads(out)["options_schema"]["properties"]["scheme"]["default"] == "FP8_DYNAMIC"
+    code, _, err = run_cli(capsys, "backends", "info", "fp9")
+    assert code == 2 and "did you mean 'fp8'" in err
+
+
 def test_recipes_show_and_validate(tmp_path: Path, capsys) -> None:
     code, out, _ = run_cli(capsys, "recipes", "show", "fp8-static", "--set", "calibration.num_samples=8")
     assert code == 0 and "num_samples: 8" in out
