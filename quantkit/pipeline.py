@@ -48,6 +48,13 @@ class _Timer:
         self.timings[name] = round(time.perf_counter() - start, 3)
 
 
+def _config(path: Path) -> dict[str, Any]:
+    import json
+
+    data = json.loads((path / "config.json").read_text(encoding="utf-8"))
+    return data.get("text_config", data) if isinstance(data, dict) else {}
+
+
 def _reference(
     source: Any, windows: Any, recipe: Recipe, device: str, reporter: Reporter, timer: _Timer
 ) -> tuple[Any, bool]:
@@ -99,6 +106,7 @@ def _run_quantize(request: QuantizeRequest, reporter: Reporter | None) -> RunRes
         start = time.perf_counter()
         source = resolve_model(model_spec, trust_remote_code=request.trust_remote_code)
         timer.measure("model_resolve_s", start)
+    backend_cls.check_model(options, _config(source.path))
     run_id = new_run_id(recipe.name)
     final_dir = request.out or (request.runs_dir or runs_dir()) / run_id
     check_output(final_dir, request.overwrite, protected=[source.path])
@@ -109,7 +117,7 @@ def _run_quantize(request: QuantizeRequest, reporter: Reporter | None) -> RunRes
     with reporter.stage("tokenizing evaluation text"):
         windows = eval_windows(recipe.eval, tokenizer)
     calibration = None
-    if backend_cls.requires_calibration(options):
+    if backend_cls.requires_calibration(options) and recipe.calibration is not None:
         with reporter.stage("tokenizing calibration text"):
             calibration = calibration_windows(recipe.calibration, tokenizer)
 
@@ -141,7 +149,10 @@ def _run_quantize(request: QuantizeRequest, reporter: Reporter | None) -> RunRes
                 "disk_bytes": source.disk_bytes(),
             },
             "device": device,
-            "seeds": {"run": recipe.seed, "calibration": recipe.calibration.seed},
+            "seeds": {
+                "run": recipe.seed,
+                "calibration": None if calibration is None else calibration.source["seed"],
+            },
             "calibration": None if calibration is None else calibration.describe(),
             "eval": windows.describe()
             | {

@@ -32,7 +32,11 @@ def quiet_libraries(verbose: bool) -> None:
     os.environ.setdefault("LLM_COMPRESSOR_LOG_DISABLED", "true")
     warnings.filterwarnings("ignore", category=UserWarning)
     warnings.filterwarnings("ignore", category=FutureWarning)
+    import logging
+
     import transformers
+
+    logging.getLogger("torch.fx._symbolic_trace").setLevel(logging.ERROR)
     from loguru import logger
 
     transformers.logging.set_verbosity_error()

@@ -70,7 +70,7 @@ class Recipe(StrictModel):
     model: str | None = Field(None, description="HF folder, hub id or 'smollm2-135m' (default)")
     device: Literal["auto", "cpu", "cuda"] = "auto"
     seed: int = 0
-    calibration: CalibrationSpec = Field(default_factory=CalibrationSpec)
+    calibration: CalibrationSpec | None = Field(default_factory=CalibrationSpec)
     eval: EvalSpec = Field(default_factory=EvalSpec)
     gates: GateSpec = Field(default_factory=GateSpec)
 
@@ -84,6 +84,9 @@ def _model_for(loc: tuple[Any, ...]) -> type[BaseModel] | None:
     for part in loc[:-1]:
         field = model.model_fields.get(str(part))
         annotation = field.annotation if field else None
+        for arg in getattr(annotation, "__args__", ()):  # Optional[Section]
+            if isinstance(arg, type) and issubclass(arg, BaseModel):
+                annotation = arg
         if not (isinstance(annotation, type) and issubclass(annotation, BaseModel)):
             return None
         model = annotation

@@ -12,7 +12,10 @@ if TYPE_CHECKING:
     from quantkit.backends.base import Backend
 
 BACKENDS: dict[str, str] = {
+    "awq": "quantkit.backends.awq:AWQBackend",
     "fp8": "quantkit.backends.fp8:FP8Backend",
+    "gptq": "quantkit.backends.gptq:GPTQBackend",
+    "rtn": "quantkit.backends.rtn:RTNBackend",
 }
 
 

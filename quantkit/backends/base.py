@@ -10,6 +10,8 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict
 
+from quantkit.errors import RecipeError
+
 if TYPE_CHECKING:
     from quantkit.calibration import TokenWindows
     from quantkit.recipe import Recipe
@@ -65,6 +67,15 @@ class Backend(ABC):
     @classmethod
     def check_recipe(cls, options: Any, recipe: Recipe) -> None:
         """Refuse option combinations that cannot work, before any model is loaded."""
+        if cls.requires_calibration(options) and recipe.calibration is None:
+            raise RecipeError(
+                f"method '{cls.name}' with these options needs calibration data, but calibration is null",
+                "remove 'calibration: null' (the built-in set is the default) or give a source",
+            )
+
+    @classmethod
+    def check_model(cls, options: Any, config: dict[str, Any]) -> None:
+        """Refuse options that cannot fit this model (from its config.json, before loading it)."""
         return None
 
     @classmethod

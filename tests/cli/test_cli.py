@@ -49,7 +49,7 @@ def test_quantize_writes_a_complete_run(finished_run: Path, tiny_model: Path) ->
     assert manifest["model"]["fingerprint"] == fingerprint(tiny_model)
     assert manifest["environment"]["libraries"]["llmcompressor"]
     assert manifest["environment"]["libraries"]["torch"]
-    assert manifest["seeds"] == {"run": 0, "calibration": 0}
+    assert manifest["seeds"] == {"run": 0, "calibration": None}
     assert manifest["calibration"] is None  # FP8 dynamic is data-free
     assert len(manifest["eval"]["hash"]) == 64 and manifest["eval"]["windows"] == 4
     quantized = manifest["metrics"]["quantized"]

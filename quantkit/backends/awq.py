@@ -1,0 +1,56 @@
+"""AWQ through llm-compressor: activation-aware scale search, then integer weight rounding."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import Field
+
+from quantkit.backends.base import Artifact, Backend, QuantizeJob
+from quantkit.backends.int_weights import IntWeightOptions, check_group_size_divides
+from quantkit.backends.llmcompressor_run import run_oneshot
+
+
+class AWQOptions(IntWeightOptions):
+    """AWQ: scales salient input channels (found from calibration activations) before rounding."""
+
+    symmetric: bool = Field(False, description="AWQ keeps a zero point by default (asymmetric)")
+    duo_scaling: bool | Literal["both"] = Field(
+        True, description="use weights as well as activations for scales"
+    )
+    n_grid: int = Field(20, ge=2, le=200, description="grid points of the scale search")
+
+
+class AWQBackend(Backend):
+    """AWQ W{3,4,8}A16 via llm-compressor's AWQ transform + QuantizationModifier."""
+
+    name = "awq"
+    summary = "AWQ activation-aware integer weights (W4A16) via llm-compressor"
+    Options = AWQOptions
+    runtime = "hf"
+    library = "llmcompressor"
+
+    @classmethod
+    def requires_calibration(cls, options: Any) -> bool:
+        return True
+
+    @classmethod
+    def check_model(cls, options: Any, config: dict[str, Any]) -> None:
+        check_group_size_divides(options, config)
+
+    @classmethod
+    def describe(cls, options: Any) -> tuple[str, float]:
+        return options.scheme_name(), options.effective_bits()
+
+    def quantize(self, job: QuantizeJob) -> Artifact:
+        from llmcompressor.modifiers.quantization import QuantizationModifier
+        from llmcompressor.modifiers.transform.awq import AWQModifier
+
+        options: AWQOptions = job.options  # type: ignore[assignment]
+        recipe = [
+            AWQModifier(duo_scaling=options.duo_scaling, n_grid=options.n_grid),
+            QuantizationModifier(config_groups=options.config_groups(), ignore=options.ignore),
+        ]
+        details = run_oneshot(job, recipe, job.calibration)
+        scheme, bits = self.describe(options)
+        return Artifact(job.out_dir, "compressed-tensors", self.runtime, scheme, bits, details)

@@ -1,0 +1,61 @@
+"""GPTQ through llm-compressor's GPTQModifier (compressed-tensors pack-quantized output)."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import Field
+
+from quantkit.backends.base import Artifact, Backend, QuantizeJob
+from quantkit.backends.int_weights import IntWeightOptions, check_group_size_divides
+from quantkit.backends.llmcompressor_run import run_oneshot
+
+
+class GPTQOptions(IntWeightOptions):
+    """GPTQ: second-order weight rounding layer by layer, on calibration activations."""
+
+    actorder: Literal["static", "group", "weight"] | None = Field(
+        "static", description="activation ordering (desc_act): static/weight keep the format, group reorders"
+    )
+    dampening_frac: float = Field(
+        0.01, gt=0, lt=1, description="Hessian dampening, fraction of the mean diagonal"
+    )
+    block_size: int = Field(128, ge=1, description="columns quantized per GPTQ block")
+    engine: Literal["llmcompressor"] = Field("llmcompressor", description="implementation")
+
+
+class GPTQBackend(Backend):
+    """GPTQ W{3,4,8}A16 via llm-compressor (sequential, layer by layer)."""
+
+    name = "gptq"
+    summary = "GPTQ integer weights (W4A16/W8A16/W3A16) via llm-compressor"
+    Options = GPTQOptions
+    runtime = "hf"
+    library = "llmcompressor"
+
+    @classmethod
+    def requires_calibration(cls, options: Any) -> bool:
+        return True
+
+    @classmethod
+    def check_model(cls, options: Any, config: dict[str, Any]) -> None:
+        check_group_size_divides(options, config)
+
+    @classmethod
+    def describe(cls, options: Any) -> tuple[str, float]:
+        return options.scheme_name(), options.effective_bits()
+
+    def quantize(self, job: QuantizeJob) -> Artifact:
+        from llmcompressor.modifiers.gptq import GPTQModifier
+
+        options: GPTQOptions = job.options  # type: ignore[assignment]
+        actorder = options.actorder if options.group_size else None
+        modifier = GPTQModifier(
+            config_groups=options.config_groups(actorder=actorder),
+            ignore=options.ignore,
+            dampening_frac=options.dampening_frac,
+            block_size=options.block_size,
+        )
+        details = run_oneshot(job, modifier, job.calibration)
+        scheme, bits = self.describe(options)
+        return Artifact(job.out_dir, "compressed-tensors", self.runtime, scheme, bits, details)

@@ -1,0 +1,112 @@
+"""GPTQ, AWQ and RTN through llm-compressor on the tiny model; validation before loading."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from quantkit.cli import main
+from quantkit.errors import RecipeError
+from quantkit.recipe import validate_recipe
+
+TINY_BUDGET = [
+    "--set", "calibration.num_samples=4", "--set", "calibration.seq_len=64",
+    "--set", "eval.num_windows=4", "--set", "eval.seq_len=64", "--set", "eval.top_k=8",
+    "--set", "options.group_size=32", "--device", "cpu",
+]  # fmt: skip
+
+
+def quantize(recipe: str, model: Path, out: Path, *extra: str) -> dict:
+    code = main(["quantize", recipe, "--model", str(model), "--out", str(out), *TINY_BUDGET, *extra])
+    assert code in (0, 1)
+    return json.loads((out / "manifest.json").read_text())
+
+
+@pytest.mark.parametrize("recipe", ["gptq-w4a16-g128", "awq-w4a16-g128", "rtn-w4a16-g64"])
+def test_weight_only_recipes_make_loadable_compressed_tensors(
+    recipe: str, tiny_model: Path, tmp_path: Path
+) -> None:
+    manifest = quantize(recipe, tiny_model, tmp_path / "run")
+    artifact = tmp_path / "run" / "artifact"
+    config = json.loads((artifact / "config.json").read_text())
+    quant = config["quantization_config"]
+    assert quant["quant_method"] == "compressed-tensors"
+    weights = quant["config_groups"]["group_0"]["weights"]
+    assert (weights["num_bits"], weights["group_size"], weights["strategy"]) == (4, 32, "group")
+    assert "lm_head" in quant["ignore"]
+    assert manifest["artifact"]["scheme"].startswith("W4A16-g32")
+    assert 4 < manifest["artifact"]["weight_bits"] < 5
+    assert manifest["metrics"]["quantized"]["kld_mean"]["value"] > 0
+    if recipe.startswith("rtn"):
+        assert manifest["calibration"] is None
+    else:
+        assert manifest["calibration"]["tokens"] == 4 * 64
+
+
+def test_gptq_records_per_layer_errors(tiny_model: Path, tmp_path: Path) -> None:
+    manifest = quantize("gptq-w4a16-g128", tiny_model, tmp_path / "g")
+    errors = manifest["artifact"]["details"]["layer_errors"]
+    assert len(errors) == 2 * 7  # q, k, v, o, gate, up, down in each of the two layers
+    assert all(entry["method"] == "GPTQ" and entry["loss"] >= 0 for entry in errors)
+    assert any("q_proj" in str(entry["module"]) for entry in errors)
+
+
+def test_awq_records_scale_search_errors(tiny_model: Path, tmp_path: Path) -> None:
+    manifest = quantize("awq-w4a16-g128", tiny_model, tmp_path / "a")
+    errors = manifest["artifact"]["details"]["layer_errors"]
+    assert errors and all(entry["method"] == "AWQ" for entry in errors)
+    assert all(entry["best_error"] <= entry["initial_error"] + 1e-12 for entry in errors)
+
+
+def _base(method: str, **options) -> dict:
+    return {"name": "x", "method": method, "options": options}
+
+
+@pytest.mark.parametrize("bits", [2, 5, 16])
+def test_unsupported_bits_are_refused(bits: int) -> None:
+    with pytest.raises(RecipeError, match=r"options\.bits"):
+        validate_recipe(_base("gptq", bits=bits))
+
+
+@pytest.mark.parametrize("group_size", [0, 48, 100])
+def test_group_size_must_be_a_power_of_two(group_size: int) -> None:
+    with pytest.raises(RecipeError, match=r"options\.group_size"):
+        validate_recipe(_base("awq", group_size=group_size))
+
+
+def test_per_channel_is_allowed() -> None:
+    assert validate_recipe(_base("gptq", group_size=None)).options["group_size"] is None
+
+
+@pytest.mark.parametrize("method", ["awq", "gptq"])
+def test_calibrated_methods_refuse_null_calibration(method: str) -> None:
+    with pytest.raises(RecipeError, match="needs calibration data"):
+        validate_recipe(_base(method) | {"calibration": None})
+
+
+def test_rtn_accepts_null_calibration() -> None:
+    assert validate_recipe(_base("rtn") | {"calibration": None}).calibration is None
+
+
+def test_group_size_not_dividing_the_model_is_refused_before_loading(
+    tiny_model: Path, tmp_path: Path, capsys
+) -> None:
+    # tiny model: hidden 128, intermediate 256 -> group 512 cannot divide it
+    code = main(["quantize", "gptq-w4a16-g128", "--model", str(tiny_model), "--out", str(tmp_path / "x"),
+                 "--set", "options.group_size=512"])  # fmt: skip
+    err = capsys.readouterr().err
+    assert code == 2
+    assert "does not divide hidden_size=128" in err and "group_size=128" in err
+    assert not (tmp_path / "x").exists()
+
+
+def test_smollm2_width_is_checked_against_group_128() -> None:
+    from quantkit.backends.int_weights import IntWeightOptions, check_group_size_divides
+
+    with pytest.raises(RecipeError) as err:
+        check_group_size_divides(
+            IntWeightOptions(group_size=128), {"hidden_size": 576, "intermediate_size": 1536}
+        )
+    assert "hidden_size=576" in err.value.message and "group_size=64" in err.value.hint
