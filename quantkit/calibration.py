@@ -154,16 +154,32 @@ def _chunks(stream: np.ndarray, seq_len: int, wanted: int, role: Role, what: str
     return stream[: count * seq_len].reshape(count, seq_len)
 
 
+def _as_chat(texts: list[str], tokenizer: Any) -> list[str]:
+    """Each document as a single user turn rendered with the model's chat template."""
+    if not getattr(tokenizer, "chat_template", None):
+        raise CalibrationError(
+            "calibration.chat_template is true but the model's tokenizer has no chat template",
+            "set calibration.chat_template=false for base models",
+        )
+    return [
+        str(tokenizer.apply_chat_template([{"role": "user", "content": text}], tokenize=False))
+        for text in texts
+    ]
+
+
 def calibration_windows(spec: CalibrationSpec, tokenizer: Any) -> TokenWindows:
     """``num_samples`` non-overlapping windows drawn from the calibration text with ``seed``."""
     import numpy as np
 
-    stream = _token_stream(load_texts(spec, "calibration"), tokenizer)
+    texts = load_texts(spec, "calibration")
+    if spec.chat_template:
+        texts = _as_chat(texts, tokenizer)
+    stream = _token_stream(texts, tokenizer)
     chunks = _chunks(stream, spec.seq_len, spec.num_samples, "calibration", "calibration")
     rng = np.random.default_rng(spec.seed)
     picked = np.sort(rng.choice(len(chunks), size=spec.num_samples, replace=False))
     ids = chunks[picked]
-    source = source_digest(spec, "calibration") | {"seed": spec.seed}
+    source = source_digest(spec, "calibration") | {"seed": spec.seed, "chat_template": spec.chat_template}
     return TokenWindows(ids=ids, seq_len=spec.seq_len, hash=hash_ids(ids), source=source)
 
 

@@ -205,7 +205,16 @@ def _quantize(
     timer: _Timer,
 ) -> Artifact:
     start = time.perf_counter()
-    with reporter.stage(f"quantizing with {recipe.method}"):
+    layers = _config(source.path).get("num_hidden_layers")
+    total = int(layers) if isinstance(layers, int) and layers > 0 else None
+    with reporter.stage(f"quantizing with {recipe.method}", total=total) as advance:
+        done = [0]
+
+        def on_layer(index: int) -> None:  # layer `index` started: the ones before it are done
+            if total and index > done[0]:
+                advance(min(index, total) - done[0])
+                done[0] = min(index, total)
+
         job = QuantizeJob(
             model_path=source.path,
             options=options,
@@ -216,8 +225,11 @@ def _quantize(
             trust_remote_code=request.trust_remote_code,
             verbose=request.verbose,
             log=reporter.log,
+            on_layer=on_layer,
         )
         artifact: Artifact = backend_cls().quantize(job)
+        if total:
+            advance(total - done[0])
         (artifact.path / "quantkit-recipe.yaml").write_text(recipe.to_yaml(), encoding="utf-8")
     timer.measure("quantize_s", start)
     return artifact

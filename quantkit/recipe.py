@@ -37,6 +37,7 @@ class CalibrationSpec(TextSource):
     num_samples: int = Field(32, ge=1, le=100_000)
     seq_len: int = Field(256, ge=8, le=131_072)
     seed: int = 0
+    chat_template: bool = Field(False, description="render each document as a user turn of the chat template")
 
 
 class EvalSpec(TextSource):

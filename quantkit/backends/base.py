@@ -36,6 +36,7 @@ class QuantizeJob:
     trust_remote_code: bool = False
     verbose: bool = False
     log: Callable[[str], None] = lambda message: None
+    on_layer: Callable[[int], None] = lambda index: None  # a decoder layer index is being worked on
 
 
 @dataclass

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import re
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from typing import TYPE_CHECKING, Any
@@ -12,6 +13,9 @@ from quantkit.errors import BackendError, MissingDependencyError
 if TYPE_CHECKING:
     from quantkit.backends.base import QuantizeJob
     from quantkit.calibration import TokenWindows
+
+
+_LAYER = re.compile(r"\blayers\.(\d+)\.")
 
 
 def _calibration_dataset(windows: TokenWindows) -> Any:
@@ -38,6 +42,9 @@ def _layer_errors(job: QuantizeJob) -> Iterator[list[dict[str, Any]]]:
     def sink(message: Any) -> None:
         record = message.record
         text = str(record["message"])
+        layer = _LAYER.search(text)
+        if layer:
+            job.on_layer(int(layer.group(1)))
         if text.startswith("Quantizing ") and "module(s):" in text:
             with suppress(ValueError, SyntaxError):
                 pending.extend(ast.literal_eval(text.split("module(s):", 1)[1].strip()))

@@ -110,3 +110,26 @@ def test_smollm2_width_is_checked_against_group_128() -> None:
             IntWeightOptions(group_size=128), {"hidden_size": 576, "intermediate_size": 1536}
         )
     assert "hidden_size=576" in err.value.message and "group_size=64" in err.value.hint
+
+
+def test_gptq_reports_progress_per_decoder_layer(tiny_model: Path, tmp_path: Path) -> None:
+    from contextlib import contextmanager
+
+    from quantkit.pipeline import QuantizeRequest, run_quantize
+    from quantkit.progress import Reporter
+    from quantkit.recipe import load_recipe
+
+    seen: dict[str, list[int]] = {}
+
+    class Recording(Reporter):
+        @contextmanager
+        def stage(self, title, total=None):
+            steps = seen.setdefault(title, [])
+            yield steps.append
+
+    recipe = load_recipe("gptq-w4a16-g128", [*TINY_BUDGET[1::2][:6], "options.group_size=32"])
+    run_quantize(
+        QuantizeRequest(recipe=recipe, model=str(tiny_model), out=tmp_path / "p", device="cpu"), Recording()
+    )
+    steps = seen["quantizing with gptq"]
+    assert sum(steps) == 2 and len(steps) == 2  # one step per decoder layer of the tiny model

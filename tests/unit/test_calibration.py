@@ -123,3 +123,21 @@ def test_unsupported_extension(tmp_path: Path) -> None:
     path.write_text("a,b\n", encoding="utf-8")
     with pytest.raises(CalibrationError, match="unsupported"):
         load_texts(TextSource(source=str(path)), "calibration")
+
+
+def test_chat_template_wraps_each_document(tokenizer) -> None:
+    import copy
+
+    chat = copy.deepcopy(tokenizer)
+    chat.chat_template = "{% for m in messages %}<|user|>{{ m['content'] }}<|end|>{% endfor %}"
+    plain = calibration_windows(CalibrationSpec(num_samples=40, seq_len=64), chat)
+    wrapped = calibration_windows(CalibrationSpec(num_samples=40, seq_len=64, chat_template=True), chat)
+    assert wrapped.hash != plain.hash
+    assert "<|user|>" in chat.decode(wrapped.ids.reshape(-1).tolist())
+    assert "<|user|>" not in chat.decode(plain.ids.reshape(-1).tolist())
+    assert wrapped.describe()["chat_template"] is True
+
+
+def test_chat_template_without_one_is_refused(tokenizer) -> None:
+    with pytest.raises(CalibrationError, match="no chat template"):
+        calibration_windows(CalibrationSpec(num_samples=1, seq_len=32, chat_template=True), tokenizer)
