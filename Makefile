@@ -32,3 +32,7 @@ test: lint typecheck pytest
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache .mypy_cache .ruff_cache
+
+bench: $(STAMP)
+	test -x /usr/bin/time || (apt-get update -qq && apt-get install -y -qq time)
+	$(BIN)/python bench/gptq_overhead.py
