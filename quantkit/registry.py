@@ -14,6 +14,7 @@ if TYPE_CHECKING:
 BACKENDS: dict[str, str] = {
     "awq": "quantkit.backends.awq:AWQBackend",
     "fp8": "quantkit.backends.fp8:FP8Backend",
+    "gguf": "quantkit.backends.gguf:GGUFBackend",
     "gptq": "quantkit.backends.gptq:GPTQBackend",
     "rtn": "quantkit.backends.rtn:RTNBackend",
 }

@@ -14,14 +14,15 @@ from quantkit.errors import QuantkitError
 
 RUNTIMES: dict[str, str] = {
     "hf": "quantkit.runtimes.hf:HFRuntime",
+    "llamacpp": "quantkit.runtimes.llamacpp:LlamaCppRuntime",
 }
 
 
-def open_runtime(kind: str, path: Path, device: str, trust_remote_code: bool = False) -> Any:
-    """Load ``path`` in the runtime registered as ``kind``."""
+def open_runtime(kind: str, path: Path, device: str, **options: Any) -> Any:
+    """Load ``path`` in the runtime registered as ``kind`` (options: context_length, ...)."""
     target = RUNTIMES.get(kind)
     if target is None:
         raise QuantkitError(f"no runtime '{kind}' to run this artifact", "choices: " + ", ".join(RUNTIMES))
     module_name, _, class_name = target.partition(":")
     runtime_cls = getattr(importlib.import_module(module_name), class_name)
-    return runtime_cls(path, device, trust_remote_code=trust_remote_code)
+    return runtime_cls(path, device, **options)

@@ -18,7 +18,7 @@ class HFRuntime:
 
     name = "transformers"
 
-    def __init__(self, path: Path, device: str, trust_remote_code: bool = False) -> None:
+    def __init__(self, path: Path, device: str, trust_remote_code: bool = False, **_: Any) -> None:
         from transformers import AutoModelForCausalLM
 
         self.device = device

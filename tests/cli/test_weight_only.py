@@ -133,3 +133,11 @@ def test_gptq_reports_progress_per_decoder_layer(tiny_model: Path, tmp_path: Pat
     )
     steps = seen["quantizing with gptq"]
     assert sum(steps) == 2 and len(steps) == 2  # one step per decoder layer of the tiny model
+
+
+@pytest.mark.parametrize("bits", [3, 8])
+def test_gptq_w3_and_w8(bits: int, tiny_model: Path, tmp_path: Path) -> None:
+    manifest = quantize("gptq-w4a16-g128", tiny_model, tmp_path / "b", "--set", f"options.bits={bits}")
+    config = json.loads((tmp_path / "b" / "artifact" / "config.json").read_text())
+    assert config["quantization_config"]["config_groups"]["group_0"]["weights"]["num_bits"] == bits
+    assert manifest["artifact"]["scheme"] == f"W{bits}A16-g32"

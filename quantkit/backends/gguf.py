@@ -1,0 +1,198 @@
+"""GGUF for llama.cpp: convert with llama.cpp's converter, quantize with its quantize API."""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import shutil
+from collections import Counter
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import Field
+
+from quantkit.backends.base import Artifact, Backend, BackendOptions, QuantizeJob
+from quantkit.errors import BackendError, RecipeError
+from quantkit.progress import native_stderr_captured
+
+GGUFType = Literal[
+    "F32", "F16", "BF16", "Q8_0", "Q6_K", "Q5_K_M", "Q5_K_S", "Q5_0", "Q4_K_M", "Q4_K_S", "Q4_0",
+    "IQ4_XS", "IQ4_NL", "Q3_K_L", "Q3_K_M", "Q3_K_S", "IQ3_M", "IQ3_S", "IQ3_XS", "IQ3_XXS",
+    "Q2_K", "Q2_K_S", "IQ2_M", "IQ2_S", "IQ2_XS", "IQ2_XXS", "IQ1_M", "IQ1_S",
+]  # fmt: skip
+# llama-quantize refuses these without an importance matrix
+NEEDS_IMATRIX = {"IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ1_S", "IQ1_M", "Q2_K_S"}
+# nominal bits per weight of each type (llama.cpp's own table); the real mix is measured
+NOMINAL_BITS = {
+    "F32": 32.0, "F16": 16.0, "BF16": 16.0, "Q8_0": 8.5, "Q6_K": 6.56, "Q5_K_M": 5.69, "Q5_K_S": 5.54,
+    "Q5_0": 5.5, "Q4_K_M": 4.89, "Q4_K_S": 4.58, "Q4_0": 4.5, "IQ4_XS": 4.25, "IQ4_NL": 4.5,
+    "Q3_K_L": 4.27, "Q3_K_M": 3.91, "Q3_K_S": 3.5, "IQ3_M": 3.66, "IQ3_S": 3.44, "IQ3_XS": 3.3,
+    "IQ3_XXS": 3.06, "Q2_K": 2.96, "Q2_K_S": 2.96, "IQ2_M": 2.7, "IQ2_S": 2.5, "IQ2_XS": 2.31,
+    "IQ2_XXS": 2.06, "IQ1_M": 1.75, "IQ1_S": 1.56,
+}  # fmt: skip
+
+
+class GGUFOptions(BackendOptions):
+    """llama.cpp quantization type, optional importance matrix from the calibration set."""
+
+    type: GGUFType = Field("Q4_K_M", description="llama.cpp quantization type (llama-quantize's names)")
+    imatrix: bool = Field(False, description="importance matrix from the shared calibration set")
+    outtype: Literal["f16", "bf16", "f32"] = Field("f16", description="precision of the converted GGUF")
+    threads: int | None = Field(None, ge=1, description="quantization threads (default: all cores)")
+
+
+class GGUFBackend(Backend):
+    """HF -> GGUF (llama.cpp converter) -> llama.cpp k-quants / i-quants, run by llama.cpp."""
+
+    name = "gguf"
+    summary = "GGUF for llama.cpp: k-quants and i-quants, optional imatrix (llama-cpp-python)"
+    Options = GGUFOptions
+    runtime = "llamacpp"
+    library = "llama-cpp-python"
+
+    @classmethod
+    def requires_calibration(cls, options: Any) -> bool:
+        return bool(options.imatrix)
+
+    @classmethod
+    def check_recipe(cls, options: Any, recipe: Any) -> None:
+        if options.type in NEEDS_IMATRIX and not options.imatrix:
+            raise RecipeError(
+                f"GGUF type {options.type} needs an importance matrix",
+                "set options.imatrix=true (computed from the calibration set)",
+            )
+        super().check_recipe(options, recipe)
+
+    @classmethod
+    def check_model(cls, options: Any, config: dict[str, Any]) -> None:
+        """llama-cpp-python present and the architecture convertible, before anything is written."""
+        from quantkit.llama_cpp_convert import check_architecture, ensure_converter
+
+        architectures = config.get("architectures") or [str(config.get("model_type"))]
+        check_architecture(str(architectures[0]), ensure_converter())
+
+    @classmethod
+    def describe(cls, options: Any) -> tuple[str, float]:
+        suffix = "+imatrix" if options.imatrix else ""
+        return f"{options.type}{suffix}", NOMINAL_BITS[options.type]
+
+    def quantize(self, job: QuantizeJob) -> Artifact:
+        from quantkit.llama_cpp_convert import bindings_version, convert, ensure_converter
+        from quantkit.models import fingerprint
+        from quantkit.paths import cache_dir
+
+        options: GGUFOptions = job.options  # type: ignore[assignment]
+        converter = ensure_converter(job.log)
+        job.out_dir.mkdir(parents=True, exist_ok=True)
+        out_file = job.out_dir / "model.gguf"
+
+        # the unquantized GGUF is cached per (model, precision, converter version)
+        key = hashlib.sha256(
+            f"{fingerprint(job.model_path)}|{options.outtype}|{bindings_version()}".encode()
+        ).hexdigest()[:24]
+        base = cache_dir() / "gguf" / f"{key}-{options.outtype}.gguf"
+        if not base.is_file():
+            job.log(f"converting to a {options.outtype} GGUF with llama.cpp's converter")
+            base.parent.mkdir(parents=True, exist_ok=True)
+            partial = base.with_name(f".{base.name}.{os.getpid()}.partial")
+            try:
+                convert(job.model_path, partial, options.outtype, converter)
+                os.replace(partial, base)
+            finally:
+                partial.unlink(missing_ok=True)
+        details: dict[str, Any] = {"library": "llama-cpp-python", "library_version": bindings_version()}
+        if options.type.lower() == options.outtype:
+            shutil.copyfile(base, out_file)
+        else:
+            imatrix = self._imatrix(job, base) if options.imatrix else None
+            job.log(f"quantizing to {options.type} with llama.cpp")
+            with native_stderr_captured(job.verbose) as native_log:
+                try:
+                    _llama_quantize(base, out_file, options.type, options.threads, imatrix)
+                except BackendError as err:
+                    tail = " | ".join(line for line in native_log[-3:] if line.strip())
+                    raise BackendError(f"{err.message}: {tail}" if tail else err.message, err.hint) from None
+            if imatrix is not None:
+                details["imatrix"] = {
+                    "file": "imatrix.gguf",
+                    "tensors": len(imatrix),
+                    "chunks": job.calibration.ids.shape[0] if job.calibration is not None else 0,
+                }
+        info = inspect_gguf(out_file)
+        info.pop("input_widths")
+        details |= info
+        scheme, _ = self.describe(options)
+        return Artifact(job.out_dir, "gguf", self.runtime, scheme, details["bits_per_weight"], details)
+
+    def _imatrix(self, job: QuantizeJob, base: Path) -> dict[str, Any]:
+        from quantkit.backends import imatrix
+
+        if job.calibration is None:
+            raise BackendError("the importance matrix needs calibration tokens", "report this")
+        job.log("computing the importance matrix on the calibration tokens")
+        info = inspect_gguf(base)
+        matrix = imatrix.compute(
+            job.model_path, job.calibration, info["architecture"], info["input_widths"], job.device
+        )
+        imatrix.save(matrix, job.out_dir / "imatrix.gguf", f"quantkit:{job.calibration.hash[:16]}")
+        return matrix.means()
+
+
+def inspect_gguf(path: Path) -> dict[str, Any]:
+    """Architecture, tensor-type histogram, parameter count and real bits per weight."""
+    import gguf
+
+    reader = gguf.GGUFReader(str(path))
+    field = reader.fields.get("general.architecture")
+    architecture = field.contents() if field is not None else None
+    histogram = Counter(tensor.tensor_type.name for tensor in reader.tensors)
+    params = sum(int(tensor.n_elements) for tensor in reader.tensors)
+    data_bytes = sum(int(tensor.n_bytes) for tensor in reader.tensors)
+    widths = {tensor.name: int(tensor.shape[0]) for tensor in reader.tensors if len(tensor.shape) >= 2}
+    return {
+        "architecture": architecture,
+        "tensor_types": dict(sorted(histogram.items())),
+        "parameters": params,
+        "bits_per_weight": round(8 * data_bytes / max(params, 1), 3),
+        "file_bytes": path.stat().st_size,
+        "input_widths": widths,
+    }
+
+
+def _llama_quantize(
+    source: Path, target: Path, type_name: str, threads: int | None, imatrix: dict[str, Any] | None
+) -> None:
+    import llama_cpp
+    import numpy as np
+
+    ftype = getattr(llama_cpp, f"LLAMA_FTYPE_MOSTLY_{type_name}", None)
+    if ftype is None:
+        raise RecipeError(f"this llama-cpp-python has no GGUF type {type_name}", "pick another options.type")
+    params = llama_cpp.llama_model_quantize_default_params()
+    params.ftype = ftype
+    params.nthread = threads or 0
+    keep: list[Any] = []
+    if imatrix:
+        entries = (llama_cpp.llama_model_imatrix_data * (len(imatrix) + 1))()
+        for index, (name, values) in enumerate(sorted(imatrix.items())):
+            array = np.ascontiguousarray(values, dtype=np.float32)
+            keep.append(array)
+            entries[index].name = name.encode()
+            entries[index].data = array.ctypes.data_as(ctypes.POINTER(ctypes.c_float))
+            entries[index].size = array.size
+        entries[len(imatrix)].name = None  # NULL-terminated
+        params.imatrix = ctypes.cast(entries, ctypes.POINTER(llama_cpp.llama_model_imatrix_data))
+        keep.append(entries)
+    partial = target.with_name(f".{target.name}.partial")
+    try:
+        status = llama_cpp.llama_model_quantize(
+            str(source).encode(), str(partial).encode(), ctypes.byref(params)
+        )
+        if status != 0 or not partial.is_file():
+            raise BackendError(
+                f"llama.cpp could not quantize to {type_name} (status {status})", "rerun with --verbose"
+            )
+        os.replace(partial, target)
+    finally:
+        partial.unlink(missing_ok=True)

