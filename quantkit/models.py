@@ -25,6 +25,7 @@ _EMBEDDED = {
     }
 }
 _WEIGHT_PATTERNS = ("*.safetensors", "*.bin", "*.pt")
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "tokenizer_config.json")
 
 
 @dataclass(frozen=True)
@@ -148,6 +149,11 @@ def check_causal_lm(folder: Path, trust_remote_code: bool = False) -> str:
             )
     if not weight_files(folder):
         raise ModelSourceError(f"'{folder}' has no weight files", "expected *.safetensors or *.bin")
+    if not any((folder / name).is_file() for name in _TOKENIZER_FILES):
+        raise ModelSourceError(
+            f"'{folder}' has no tokenizer",
+            "save the tokenizer into the folder too (tokenizer.save_pretrained)",
+        )
     architectures = config.get("architectures") or [str(model_type)]
     return str(architectures[0])
 

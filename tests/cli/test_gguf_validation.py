@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import pytest
@@ -28,7 +29,9 @@ def test_imatrix_without_calibration_is_refused() -> None:
         validate_recipe({"name": "x", "method": "gguf", "options": {"imatrix": True}, "calibration": None})
 
 
-def test_unsupported_architecture_is_refused_before_anything_is_written(tmp_path: Path, capsys) -> None:
+def test_unsupported_architecture_is_refused_before_anything_is_written(
+    tmp_path: Path, tiny_model: Path, capsys
+) -> None:
     pytest.importorskip("llama_cpp")
     from transformers import OPTConfig, OPTForCausalLM
 
@@ -36,6 +39,8 @@ def test_unsupported_architecture_is_refused_before_anything_is_written(tmp_path
     config = OPTConfig(vocab_size=64, hidden_size=16, num_hidden_layers=1, ffn_dim=32, num_attention_heads=2,
                        max_position_embeddings=64, word_embed_proj_dim=16)  # fmt: skip
     OPTForCausalLM(config).save_pretrained(folder)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(tiny_model / name, folder / name)
     out = tmp_path / "out"
     code = main(["quantize", "gguf-q8_0", "--model", str(folder), "--out", str(out)])
     err = capsys.readouterr().err

@@ -94,3 +94,12 @@ def test_fingerprint_follows_the_weights(tmp_path: Path, tiny_model: Path) -> No
     data[-1] ^= 0xFF
     weights.write_bytes(bytes(data))
     assert fingerprint(folder) != first
+
+
+def test_folder_without_a_tokenizer(tmp_path: Path, tiny_model: Path) -> None:
+    folder = tmp_path / "bare"
+    folder.mkdir()
+    for name in ("config.json", "model.safetensors"):
+        shutil.copy(tiny_model / name, folder / name)
+    with pytest.raises(ModelSourceError, match="has no tokenizer"):
+        resolve_model(str(folder))
