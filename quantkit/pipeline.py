@@ -243,7 +243,7 @@ def _evaluate(
     device: str,
     reporter: Reporter,
     timer: _Timer,
-) -> tuple[dict[str, float], dict[str, list[float]]]:
+) -> tuple[dict[str, float], dict[str, Any]]:
     from quantkit.evals.quality import baseline_metrics, per_window, score, summarize
     from quantkit.runtimes import open_runtime
 
@@ -253,7 +253,7 @@ def _evaluate(
         scores = score(runtime.log_probs, windows, reference, recipe.eval.batch_size, advance)
         runtime.close()
     timer.measure("eval_s", start)
-    return summarize(scores, baseline_metrics(reference)["ppl"]), per_window(scores)
+    return summarize(scores, baseline_metrics(reference)["ppl"]), per_window(scores, reference)
 
 
 def _write_reports(writer: RunWriter, manifest: dict[str, Any]) -> None:

@@ -106,12 +106,21 @@ def summarize(scores: PositionScores, baseline_ppl: float) -> dict[str, float]:
     }
 
 
-def per_window(scores: PositionScores) -> dict[str, list[float]]:
-    """Per-window means (kept in the run folder for later significance tests)."""
+def per_window(scores: PositionScores, reference: Reference) -> dict[str, Any]:
+    """Per-window means of baseline and quantized model (for significance tests).
+
+    Every window has the same number of predicted positions, so the mean over windows of
+    these per-window means is the token mean the metrics use.
+    """
     return {
-        "nll_mean": [float(v) for v in scores.nll.mean(-1)],
-        "kld_mean": [float(v) for v in scores.kld.mean(-1)],
-        "top1_agreement": [float(v) for v in scores.top1_match.mean(-1)],
+        "schema_version": 1,
+        "positions_per_window": int(scores.nll.shape[-1]),
+        "baseline": {"nll_mean": [float(v) for v in (-reference.target_logprobs.astype("float64")).mean(-1)]},
+        "quantized": {
+            "nll_mean": [float(v) for v in scores.nll.mean(-1)],
+            "kld_mean": [float(v) for v in scores.kld.mean(-1)],
+            "top1_agreement": [float(v) for v in scores.top1_match.mean(-1)],
+        },
     }
 
 

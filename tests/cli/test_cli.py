@@ -216,3 +216,22 @@ def test_recipes_show_and_validate(tmp_path: Path, capsys) -> None:
     from quantkit.paths import recipes_dir
 
     assert run_cli(capsys, "recipes", "validate", *sorted(recipes_dir().glob("*.yaml")))[0] == 0
+
+
+def test_per_window_scores_reproduce_the_metrics(finished_run: Path) -> None:
+    import math
+
+    windows = json.loads((finished_run / "eval_windows.json").read_text())
+    manifest = json.loads((finished_run / "manifest.json").read_text())
+    base = windows["baseline"]["nll_mean"]
+    quant = windows["quantized"]["nll_mean"]
+    assert len(base) == len(quant) == manifest["eval"]["windows"]
+    baseline_ppl = manifest["metrics"]["baseline"]["ppl"]["value"]
+    assert math.exp(sum(base) / len(base)) == pytest.approx(baseline_ppl, rel=1e-6)
+    assert math.exp(sum(quant) / len(quant)) == pytest.approx(
+        manifest["metrics"]["quantized"]["ppl"]["value"], rel=1e-6
+    )
+    kld = windows["quantized"]["kld_mean"]
+    assert sum(kld) / len(kld) == pytest.approx(
+        manifest["metrics"]["quantized"]["kld_mean"]["value"], rel=1e-6
+    )
