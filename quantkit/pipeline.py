@@ -29,6 +29,7 @@ class QuantizeRequest:
     device: str | None = None
     trust_remote_code: bool = False
     verbose: bool = False
+    bench: bool | None = None  # None: the recipe's bench.enabled, unless QUANTKIT_NO_BENCH is set
 
 
 @dataclass
@@ -130,6 +131,15 @@ def _run_quantize(request: QuantizeRequest, reporter: Reporter | None) -> RunRes
         metrics, window_scores = _evaluate(artifact, windows, reference, recipe, device, reporter, timer)
         from quantkit.evals.quality import baseline_metrics, with_info
 
+        base_metrics = baseline_metrics(reference)
+        bench_section = None
+        if _bench_enabled(request):
+            bench_section, base_bench, quant_bench = _bench(
+                source.path, artifact, device, recipe, reporter, timer
+            )
+            base_metrics |= base_bench
+            metrics |= quant_bench
+
         gate = None if recipe.gates.is_empty() else evaluate_gate(recipe.gates, dict(metrics))
         timer.timings["total_s"] = round(time.perf_counter() - total_start, 3)
         artifact_bytes = folder_bytes(artifact.path)
@@ -174,10 +184,11 @@ def _run_quantize(request: QuantizeRequest, reporter: Reporter | None) -> RunRes
                 "details": artifact.details,
             },
             "metrics": {
-                "baseline": with_info(baseline_metrics(reference)),
+                "baseline": with_info(base_metrics),
                 "quantized": with_info(metrics),
             },
             "gate": None if gate is None else gate.to_dict(),
+            "bench": bench_section,
             "timings": timer.timings,
             "environment": environment(device),
         }
@@ -254,6 +265,33 @@ def _evaluate(
         runtime.close()
     timer.measure("eval_s", start)
     return summarize(scores, baseline_metrics(reference)["ppl"]), per_window(scores, reference)
+
+
+def _bench_enabled(request: QuantizeRequest) -> bool:
+    import os
+
+    if request.bench is not None:
+        return request.bench
+    return request.recipe.bench.enabled and not os.environ.get("QUANTKIT_NO_BENCH")
+
+
+def _bench(
+    model_path: Path, artifact: Artifact, device: str, recipe: Recipe, reporter: Reporter, timer: _Timer
+) -> tuple[dict[str, Any], dict[str, float], dict[str, float]]:
+    """Speed and memory of baseline and artifact; a failure is recorded, not fatal."""
+    from quantkit.errors import QuantkitError
+    from quantkit.evals import perf
+
+    start = time.perf_counter()
+    with reporter.stage("benchmarking speed and memory (baseline, artifact)"):
+        try:
+            section = perf.measure_pair(model_path, artifact.path, artifact.runtime, device, recipe.bench)
+        except QuantkitError as err:
+            reporter.log(f"benchmark failed: {err.message}")
+            return {"error": err.message}, {}, {}
+    timer.measure("bench_s", start)
+    base, quant = perf.metrics_from(section, recipe.bench)
+    return section, base, quant
 
 
 def _write_reports(writer: RunWriter, manifest: dict[str, Any]) -> None:

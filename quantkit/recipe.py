@@ -9,6 +9,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from quantkit.bench_spec import BenchSpec
 from quantkit.errors import RecipeError
 from quantkit.paths import recipes_dir
 from quantkit.registry import did_you_mean, get_backend
@@ -50,15 +51,37 @@ class EvalSpec(TextSource):
 
 
 class GateSpec(StrictModel):
-    """Thresholds a run must meet; a missing metric fails its check."""
+    """Thresholds a run must meet (``max_*``/``min_*``; a missing metric fails its check) plus
+    the significance options. Relative to the baseline: ``max_ppl_increase_pct``,
+    ``min_top1_pct``, ``min_task_recovery_pct`` and the ``*_ratio`` fields; absolute:
+    ``max_kld``, ``max_kld_p99`` (nats) and ``max_peak_memory_bytes``."""
 
     max_kld: float | None = Field(None, ge=0, description="max mean KL-divergence (nats)")
     max_kld_p99: float | None = Field(None, ge=0, description="max 99th-percentile KLD (nats)")
     max_ppl_increase_pct: float | None = Field(None, description="max perplexity increase, %")
     min_top1_pct: float | None = Field(None, ge=0, le=100, description="min top-1 agreement, %")
+    min_task_recovery_pct: float | None = Field(
+        None, ge=0, description="min task score recovered, % of the baseline's"
+    )
+    min_decode_speed_ratio: float | None = Field(None, ge=0, description="min decode speed / baseline's")
+    min_prefill_speed_ratio: float | None = Field(None, ge=0, description="min prefill speed / baseline's")
+    max_peak_memory_bytes: int | None = Field(None, ge=0, description="max peak memory, bytes")
+    max_memory_ratio: float | None = Field(None, ge=0, description="max peak memory / baseline's")
+    require_significance: bool = Field(
+        False, description="judge KLD, ppl and top-1 by bootstrap intervals over the eval windows"
+    )
+    strict_inconclusive: bool = Field(
+        False, description="with require_significance: an interval straddling a threshold fails"
+    )
+    confidence: float = Field(0.95, gt=0, lt=1, description="confidence level of the intervals")
+    bootstrap_samples: int = Field(2000, ge=100, le=1_000_000, description="bootstrap resamples")
+    seed: int = Field(0, description="seed of the bootstrap resampling")
 
     def is_empty(self) -> bool:
-        return all(value is None for value in self.model_dump().values())
+        """True when no threshold (``max_*``/``min_*``) is set; the options do not count."""
+        return all(
+            getattr(self, name) is None for name in type(self).model_fields if name.startswith(("max_", "min_"))
+        )
 
 
 class Recipe(StrictModel):
@@ -74,6 +97,7 @@ class Recipe(StrictModel):
     calibration: CalibrationSpec | None = Field(default_factory=CalibrationSpec)
     eval: EvalSpec = Field(default_factory=EvalSpec)
     gates: GateSpec = Field(default_factory=GateSpec)
+    bench: BenchSpec = Field(default_factory=BenchSpec)
 
     def to_yaml(self) -> str:
         return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False)

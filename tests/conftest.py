@@ -11,6 +11,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# The speed/memory stage spawns a process per model; only the tests about it turn it on.
+os.environ.setdefault("QUANTKIT_NO_BENCH", "1")
 
 
 @pytest.fixture(scope="session")

@@ -23,6 +23,9 @@ def quantize(
         False, "--trust-remote-code", help="allow model code from the folder"
     ),
     verbose: bool = typer.Option(False, "--verbose", "-v", help="show library logs"),
+    bench: bool | None = typer.Option(
+        None, "--bench/--no-bench", help="measure speed and memory (default: the recipe's bench.enabled)"
+    ),
     output_format: OutputFormat = FormatOption,
 ) -> None:
     """Quantize a model from a recipe, evaluate it against the baseline and store the run."""
@@ -44,6 +47,7 @@ def quantize(
         device=device,
         trust_remote_code=trust_remote_code,
         verbose=verbose,
+        bench=bench,
     )
     result = run_quantize(request, RichReporter() if human else None)
     comparison = table.build([result.record])

@@ -23,6 +23,18 @@ METRIC_INFO: dict[str, tuple[bool, str, str]] = {
     "top1_agreement_pct": (True, "%", "tokens whose argmax matches the baseline's"),
     "delta_p_mean": (True, "", "mean change in probability of the correct token"),
     "tokens": (True, "", "tokens scored"),
+    "prefill_tok_s": (True, "tok/s", "prefill speed at the longest bench prompt, batch 1"),
+    "decode_tok_s": (True, "tok/s", "greedy decode speed with the KV cache, batch 1"),
+    "batched_decode_tok_s": (True, "tok/s", "decode throughput at the bench batch size"),
+    "ttft_s": (False, "s", "time to first token at the shortest bench prompt"),
+    "peak_memory_bytes": (False, "B", "peak RSS over the pre-load RSS (CPU) or peak allocated (GPU)"),
+    "weights_memory_bytes": (False, "B", "memory taken by loading the model"),
+    "load_s": (False, "s", "model load time"),
+    "cost_per_mtok_usd": (False, "USD", "cost of 1M generated tokens at bench.price_per_hour"),
+    "decode_speed_ratio": (True, "x", "decode tok/s relative to the baseline"),
+    "prefill_speed_ratio": (True, "x", "prefill tok/s relative to the baseline"),
+    "memory_ratio": (False, "x", "peak memory relative to the baseline"),
+    "weights_memory_ratio": (False, "x", "weights memory relative to the baseline"),
 }
 
 

@@ -31,26 +31,23 @@ class LlamaCppRuntime:
         trust_remote_code: bool = False,
         context_length: int = 2048,
         threads: int | None = None,
+        logits_all: bool = True,
     ) -> None:
         from llama_cpp import Llama, llama_supports_gpu_offload
 
         from quantkit.progress import native_stderr_captured
 
         with native_stderr_captured(verbose=False):  # llama.cpp prints its load log natively
-            self.model = self._load(Llama, path, context_length, threads, device, llama_supports_gpu_offload)
-
-    @staticmethod
-    def _load(Llama: Any, path: Path, context_length: int, threads: int | None, device: str, gpu: Any) -> Any:
-        return Llama(
-            model_path=str(gguf_file(path)),
-            n_ctx=context_length,
-            n_batch=context_length,
-            n_ubatch=context_length,
-            logits_all=True,
-            n_threads=threads or os.cpu_count() or 1,
-            n_gpu_layers=-1 if device == "cuda" and gpu() else 0,
-            verbose=False,
-        )
+            self.model = Llama(
+                model_path=str(gguf_file(path)),
+                n_ctx=context_length,
+                n_batch=context_length,
+                n_ubatch=context_length,
+                logits_all=logits_all,
+                n_threads=threads or os.cpu_count() or 1,
+                n_gpu_layers=-1 if device == "cuda" and llama_supports_gpu_offload() else 0,
+                verbose=False,
+            )
 
     def log_probs(self, ids: Any) -> Any:
         """Float32 log-softmax over the vocabulary for each position of ``ids`` [B, L]."""
