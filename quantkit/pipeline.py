@@ -108,6 +108,9 @@ def _run_quantize(request: QuantizeRequest, reporter: Reporter | None) -> RunRes
         source = resolve_model(model_spec, trust_remote_code=request.trust_remote_code)
         timer.measure("model_resolve_s", start)
     backend_cls.check_model(options, _config(source.path))
+    from quantkit.plan import check_quantization_fits, count_parameters
+
+    check_quantization_fits(count_parameters(source.path) * (4 if device == "cpu" else 2), device)
     run_id = new_run_id(recipe.name)
     final_dir = request.out or (request.runs_dir or runs_dir()) / run_id
     check_output(final_dir, request.overwrite, protected=[source.path])

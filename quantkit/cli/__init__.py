@@ -8,7 +8,7 @@ import sys
 import typer
 
 from quantkit import __version__
-from quantkit.cli import backends, bench, gate, quantize, recipes, report
+from quantkit.cli import backends, bench, gate, plan, quantize, recipes, report
 from quantkit.errors import QuantkitError
 
 app = typer.Typer(
@@ -22,6 +22,7 @@ app.command("quantize")(quantize.quantize)
 app.command("report")(report.report)
 app.command("gate")(gate.gate)
 app.command("bench")(bench.bench)
+app.command("plan")(plan.plan)
 app.add_typer(recipes.app, name="recipes")
 app.add_typer(backends.app, name="backends")
 

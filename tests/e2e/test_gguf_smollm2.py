@@ -123,3 +123,17 @@ def test_hf_and_llama_cpp_tokenize_the_eval_text_identically(runs: dict[str, dic
         )
         llm.close()
         assert same == len(docs), gguf_path
+
+
+def test_bench_measures_less_weights_memory_for_a_4_bit_gguf(runs: dict[str, dict], capsys) -> None:
+    run = runs["q4_k_m"]["_path"]
+    args = ["bench", run, "--repeats", "1", "--format", "json"]
+    assert main(args) == 0
+    result = json.loads(capsys.readouterr().out)[0]
+    quantized, baseline = result["quantized"], result["baseline"]
+    assert quantized["weights_memory_bytes"] < baseline["weights_memory_bytes"]
+    assert quantized["weights_memory_ratio"] < 0.6  # ~100 MB of GGUF vs ~540 MB of fp32
+    assert quantized["decode_tok_s"] > 0 and baseline["prefill_tok_s"] > 0
+    manifest = json.loads((Path(run) / "manifest.json").read_text())
+    assert manifest["bench"]["artifact"]["runtime"] == "llamacpp"
+    assert manifest["bench"]["baseline"]["runtime"] == "hf"

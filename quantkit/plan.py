@@ -1,0 +1,154 @@
+"""Pre-flight estimate: weights and KV-cache memory per format, and whether they fit a device.
+
+Computed from config.json and the safetensors headers only (no weights are loaded).
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from quantkit.errors import UserInputError
+
+GIB = 1024**3
+# Usable memory of named devices (bytes); "auto" means this machine's.
+DEVICE_MEMORY = {
+    "l4": 24 * GIB,
+    "a10g": 24 * GIB,
+    "rtx4090": 24 * GIB,
+    "l40s": 48 * GIB,
+    "a100-40gb": 40 * GIB,
+    "a100-80gb": 80 * GIB,
+    "h100-80gb": 80 * GIB,
+    "h200": 141 * GIB,
+}
+_DTYPE_BYTES = {"F64": 8, "F32": 4, "BF16": 2, "F16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1}
+
+
+@dataclass
+class Plan:
+    """Memory needs of one recipe on one model."""
+
+    parameters: int
+    linear_parameters: int
+    baseline_weights_bytes: int
+    quantized_weights_bytes: int
+    kv_cache_bytes: int
+    context: int
+    batch: int
+    scheme: str
+    weight_bits: float
+    device: str
+    device_memory_bytes: int | None
+
+    @property
+    def serving_bytes(self) -> int:
+        return self.quantized_weights_bytes + self.kv_cache_bytes
+
+    @property
+    def fits(self) -> bool | None:
+        return None if self.device_memory_bytes is None else self.serving_bytes <= self.device_memory_bytes
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self) | {"serving_bytes": self.serving_bytes, "fits": self.fits}
+
+
+def _tensor_shapes(folder: Path) -> dict[str, tuple[list[int], str]]:
+    """name -> (shape, dtype) from the safetensors headers."""
+    shapes: dict[str, tuple[list[int], str]] = {}
+    for path in sorted(folder.glob("*.safetensors")):
+        with path.open("rb") as handle:
+            (size,) = struct.unpack("<Q", handle.read(8))
+            if size > 100_000_000:
+                raise UserInputError(
+                    f"{path.name}: implausible safetensors header", "the file may be corrupt"
+                )
+            header = json.loads(handle.read(size))
+        for name, info in header.items():
+            if name != "__metadata__":
+                shapes[name] = (list(info["shape"]), str(info["dtype"]))
+    return shapes
+
+
+def _count(shape: list[int]) -> int:
+    total = 1
+    for dim in shape:
+        total *= int(dim)
+    return total
+
+
+def estimate(
+    model_path: Path, weight_bits: float, scheme: str, quantizes_embeddings: bool, context: int, batch: int,
+    device: str, device_memory: int | None,
+) -> Plan:  # fmt: skip
+    """Estimate weights (before/after) and KV cache for ``context`` x ``batch`` tokens."""
+    config = json.loads((model_path / "config.json").read_text(encoding="utf-8"))
+    config = config.get("text_config", config)
+    shapes = _tensor_shapes(model_path)
+    if not shapes:
+        raise UserInputError(
+            f"'{model_path}' has no safetensors weights to plan from", "convert it to safetensors"
+        )
+    params = linear = baseline_bytes = 0
+    embeddings = 0
+    for name, (shape, dtype) in shapes.items():
+        count = _count(shape)
+        params += count
+        baseline_bytes += count * _DTYPE_BYTES.get(dtype, 2)
+        if len(shape) == 2 and ".layers." in name:
+            linear += count
+        elif len(shape) == 2:
+            embeddings += count
+    rest = params - linear - embeddings
+    embed_bits = weight_bits if quantizes_embeddings else 16.0
+    quantized = int(linear * weight_bits / 8 + embeddings * embed_bits / 8 + rest * 2)
+    layers = int(config.get("num_hidden_layers", 0))
+    heads = int(config.get("num_attention_heads", 1))
+    kv_heads = int(config.get("num_key_value_heads", heads))
+    head_dim = int(config.get("head_dim") or config.get("hidden_size", 0) // max(heads, 1))
+    kv = 2 * layers * kv_heads * head_dim * context * batch * 2  # K and V, fp16
+    return Plan(
+        params,
+        linear,
+        baseline_bytes,
+        quantized,
+        kv,
+        context,
+        batch,
+        scheme,
+        weight_bits,
+        device,
+        device_memory,
+    )
+
+
+def machine_memory(device: str) -> int:
+    """Memory available for a model on this machine's ``device`` (free GPU memory or RAM)."""
+    if device == "cuda":
+        import torch
+
+        free, _total = torch.cuda.mem_get_info()
+        return int(free)
+    import psutil
+
+    return int(psutil.virtual_memory().available)
+
+
+def check_quantization_fits(baseline_weights_bytes: int, device: str) -> None:
+    """Refuse a run whose baseline cannot even be loaded twice (model + working copy)."""
+    need = 2 * baseline_weights_bytes
+    have = machine_memory(device)
+    if need > have:
+        raise UserInputError(
+            f"not enough memory on {device}: quantizing needs about {need / GIB:.1f} GiB "
+            f"(2 x {baseline_weights_bytes / GIB:.1f} GiB of weights), {have / GIB:.1f} GiB available",
+            "free memory, use a larger device, or run `quantkit plan` to see the numbers",
+        )
+
+
+def count_parameters(model_path: Path) -> int:
+    """Parameters of an HF folder, from its safetensors headers (0 when there are none)."""
+    return sum(_count(shape) for shape, _ in _tensor_shapes(model_path).values())
