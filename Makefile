@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.quantkit-installed
 
-.PHONY: demo test lint typecheck pytest bench clean
+.PHONY: demo test lint typecheck pytest bench browser clean
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -28,7 +28,11 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
-pytest: $(STAMP)
+# The HTML report is checked in a real headless browser (Debian's chromium).
+browser:
+	test -x /usr/bin/chromium || (apt-get update -qq && apt-get install -y -qq chromium)
+
+pytest: $(STAMP) browser
 	$(BIN)/python -m pytest
 
 test: lint typecheck pytest

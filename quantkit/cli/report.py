@@ -1,4 +1,4 @@
-"""`quantkit report RUN...`: the comparison table, written as Markdown and/or JSON."""
+"""`quantkit report RUN...`: the comparison table, written as Markdown, JSON and/or HTML."""
 
 from __future__ import annotations
 
@@ -10,13 +10,19 @@ from quantkit.cli.common import FormatOption
 from quantkit.cli.output import OutputFormat, emit_json, stderr, stdout
 from quantkit.errors import OutputError
 
-_WRITERS = {".md": "to_markdown", ".markdown": "to_markdown", ".json": "to_json"}
+_WRITERS = {
+    ".md": "to_markdown",
+    ".markdown": "to_markdown",
+    ".json": "to_json",
+    ".html": "to_html",
+    ".htm": "to_html",
+}
 
 
 def report(
     runs: list[Path] = typer.Argument(..., help="run folders made by quantkit quantize"),
     outputs: list[Path] = typer.Option(
-        [], "--output", "-o", help="write the report: .md or .json (repeatable)"
+        [], "--output", "-o", help="write the report: .md, .json or .html (repeatable)"
     ),
     output_format: OutputFormat = FormatOption,
 ) -> None:
@@ -28,7 +34,8 @@ def report(
     for target in outputs:
         if target.suffix.lower() not in _WRITERS:
             raise OutputError(
-                f"cannot write a report as '{target.suffix or target.name}'", "use a .md or .json file name"
+                f"cannot write a report as '{target.suffix or target.name}'",
+                "use a .md, .json or .html file name",
             )
     records = [load_run(path) for path in runs]
     comparison = table.build(records)

@@ -24,6 +24,18 @@ COLUMNS: list[tuple[str, str]] = [
     ("quantize_s", "quantize s"),
 ]
 
+# Shown only when at least one row has a value (benchmark and lm-eval stages are optional).
+OPTIONAL_COLUMNS: list[tuple[str, str]] = [
+    ("peak_memory_bytes", "peak mem"),
+    ("prefill_tok_s", "prefill tok/s"),
+    ("decode_tok_s", "decode tok/s"),
+    ("decode_speed_ratio", "decode × base"),
+    ("cost_per_mtok_usd", "$/1M tok"),
+    ("task_recovery_pct", "lm-eval recovery %"),
+]
+
+TEXT_KEYS = ("name", "method", "scheme")
+
 
 @dataclass
 class Comparison:
@@ -32,11 +44,16 @@ class Comparison:
     rows: list[dict[str, Any]]
     warnings: list[str]
 
+    def columns(self) -> list[tuple[str, str]]:
+        """The fixed columns plus each optional one that some row has a value for."""
+        present = [col for col in OPTIONAL_COLUMNS if any(row.get(col[0]) is not None for row in self.rows)]
+        return COLUMNS + present
+
     def to_json(self) -> dict[str, Any]:
         return {
             "schema_version": REPORT_SCHEMA,
             "quantkit_version": __version__,
-            "columns": [key for key, _ in COLUMNS],
+            "columns": [key for key, _ in self.columns()],
             "rows": self.rows,
             "warnings": self.warnings,
         }
@@ -78,6 +95,8 @@ def build(runs: list[RunRecord]) -> Comparison:
             "model": first.get("model", {}).get("spec"),
         }
     ]
+    for key, _ in OPTIONAL_COLUMNS:
+        rows[0][key] = _value(first, "baseline", key)
     for run in runs:
         manifest = run.manifest
         artifact = manifest.get("artifact", {})
@@ -93,9 +112,16 @@ def build(runs: list[RunRecord]) -> Comparison:
         }
         for key in ("ppl", "ppl_increase_pct", "kld_mean", "kld_p99", "top1_agreement_pct"):
             row[key] = _value(manifest, "quantized", key)
+        for key, _ in OPTIONAL_COLUMNS:
+            row[key] = _value(manifest, "quantized", key)
         gate = manifest.get("gate")
         row["gate_passed"] = None if gate is None else gate.get("passed")
         rows.append(row)
+    baseline = rows[0]
+    if baseline["decode_speed_ratio"] is None and baseline["decode_tok_s"] is not None:
+        baseline["decode_speed_ratio"] = 1.0  # the baseline against itself
+    if baseline["task_recovery_pct"] is None and any(row["task_recovery_pct"] is not None for row in rows):
+        baseline["task_recovery_pct"] = 100.0
     return Comparison(rows=rows, warnings=warnings)
 
 
@@ -110,9 +136,19 @@ def format_cell(key: str, value: Any) -> str:
     if key in ("ppl_increase_pct", "top1_agreement_pct"):
         return f"{value:+.2f}" if key == "ppl_increase_pct" else f"{value:.2f}"
     if key in ("kld_mean", "kld_p99"):
-        return f"{value:.5f}"
+        return f"{value:.5f}" if value == 0 or abs(value) >= 1e-3 else f"{value:.2e}"
     if key == "weight_bits":
         return f"{value:g}"
     if key == "quantize_s":
+        return f"{value:.1f}"
+    if key == "peak_memory_bytes":
+        return f"{value / 1e9:.2f} GB" if value >= 1e9 else f"{value / 1e6:.1f} MB"
+    if key in ("prefill_tok_s", "decode_tok_s"):
+        return f"{value:.1f}"
+    if key == "decode_speed_ratio":
+        return f"{value:.2f}×"
+    if key == "cost_per_mtok_usd":
+        return f"${value:.4g}"
+    if key == "task_recovery_pct":
         return f"{value:.1f}"
     return str(value)

@@ -1,0 +1,280 @@
+"""The HTML report: Pareto front, SVG plots, `quantkit report -o report.html`, and a real browser render."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import xml.etree.ElementTree as ET
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from quantkit.cli import main
+from quantkit.report import plots, render, table
+from quantkit.store import RunRecord
+
+SVG = "{http://www.w3.org/2000/svg}"
+CHROMIUM = Path("/usr/bin/chromium")
+
+
+def run_cli(capsys: pytest.CaptureFixture[str], *args: Any) -> tuple[int, str, str]:
+    code = main([str(arg) for arg in args])
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def _record(
+    name: str, scheme: str, bits: float, disk: float, kld: float, ppl_pct: float, **extra: float
+) -> RunRecord:
+    quantized = {
+        "ppl": 10 * (1 + ppl_pct / 100),
+        "ppl_increase_pct": ppl_pct,
+        "kld_mean": kld,
+        "kld_p99": kld * 5,
+        "top1_agreement_pct": 100 - kld * 40,
+    } | extra
+    manifest = {
+        "run_id": f"20260101-000000-{name}",
+        "status": "complete",
+        "recipe": {"name": name, "method": "gptq"},
+        "model": {"spec": "tiny/model", "disk_bytes": 540e6},
+        "baseline": {"dtype": "bfloat16", "weight_bits": 16},
+        "artifact": {"scheme": scheme, "weight_bits": bits, "disk_bytes": disk},
+        "metrics": {
+            "baseline": {"ppl": {"value": 10.0}, "decode_tok_s": {"value": 20.0}},
+            "quantized": {key: {"value": value} for key, value in quantized.items()},
+        },
+        "timings": {"quantize_s": 3.5},
+        "eval": {"reference_key": "k"},
+    }
+    return RunRecord(path=Path("/runs") / name, manifest=manifest)
+
+
+def _synthetic(speed: bool = True) -> table.Comparison:
+    def perf(tok_s: float, mem: float) -> dict[str, float]:
+        return (
+            {"decode_tok_s": tok_s, "decode_speed_ratio": tok_s / 20, "peak_memory_bytes": mem}
+            if speed
+            else {}
+        )
+
+    records = [
+        _record("fp8", "FP8_DYNAMIC", 8, 280e6, 0.002, 0.3, **perf(30, 3e8)),
+        _record("gptq-w4", "W4A16", 4.25, 150e6, 0.04, 3.1, **perf(45, 2e8)),
+        _record("rtn-w4", "W4A16", 4.25, 150e6, 0.09, 6.0, **perf(44, 2e8)),
+        _record("q2 <b>&", "Q2_K", 2.6, 90e6, 0.6, 40.0, **perf(55, 1.5e8)),
+    ]
+    records[2].manifest["eval"]["reference_key"] = "other"
+    if not speed:
+        del records[0].manifest["metrics"]["baseline"]["decode_tok_s"]
+    return table.build(records)
+
+
+# --- pareto_front and the SVG builders ---------------------------------------------------------
+
+
+def test_pareto_front_minimizes_both_axes() -> None:
+    points = [(4.0, 1.0), (1.0, 5.0), (3.0, 4.0), (2.0, 3.0), (2.0, 3.0), (5.0, 1.0)]
+    # (3, 4) is beaten by (2, 3); (5, 1) by (4, 1); equal points do not dominate each other
+    assert plots.pareto_front(points) == [1, 3, 4, 0]
+    assert plots.pareto_front([]) == []
+    assert plots.pareto_front([(1.0, 1.0)]) == [0]
+
+
+def test_pareto_front_can_maximize_y() -> None:
+    kld_vs_speed = [(0.0, 20.0), (0.002, 30.0), (0.04, 45.0), (0.09, 44.0), (0.6, 55.0), (0.7, 50.0)]
+    assert plots.pareto_front(kld_vs_speed, maximize_y=True) == [0, 1, 2, 4]
+
+
+def test_nice_ticks_cover_the_range() -> None:
+    ticks = plots.nice_ticks(0.13, 9.7)
+    assert ticks[0] <= 0.13 and ticks[-1] >= 9.7 and 3 <= len(ticks) <= 8
+    assert plots.nice_ticks(5.0, 5.0)[0] < 5.0 < plots.nice_ticks(5.0, 5.0)[-1]
+
+
+def _parse(svg: str) -> ET.Element:
+    root = ET.fromstring(svg)
+    assert root.tag == f"{SVG}svg"
+    return root
+
+
+def _points(root: ET.Element) -> list[ET.Element]:
+    return [el for el in root.iter() if "point" in el.get("class", "").split()]
+
+
+def test_scatter_svg_is_valid_xml_with_one_marker_per_point() -> None:
+    pts = [
+        plots.Point("baseline", 540, 0.0, baseline=True),
+        plots.Point("a <&> 'b'", 280, 0.002),
+        plots.Point("c", 150, 0.04),
+        plots.Point("d", 150, 0.09),
+        plots.Point("e", 90, 0.6),
+    ]
+    root = _parse(plots.scatter_svg(pts, title="T & <t>", x_label="size", y_label="KLD"))
+    assert len(_points(root)) == 5
+    pareto = [el for el in _points(root) if "pareto" in el.get("class", "")]
+    assert len(pareto) == 4  # d is beaten by c
+    assert len(root.findall(f"{SVG}polyline")) == 1
+    texts = [el.text for el in root.iter(f"{SVG}text")]
+    assert "a <&> 'b'" in texts and "T & <t>" in texts
+    assert "0" in texts and "0.01" in texts  # KLD spans decades: log axis with a slot for the zero
+    assert any("Pareto front" in (text or "") for text in texts)
+
+
+def test_scatter_svg_handles_no_and_single_points() -> None:
+    assert "no data" in plots.scatter_svg([], title="t", x_label="x", y_label="y")
+    root = _parse(plots.scatter_svg([plots.Point("only", 1.0, 1.0)], title="t", x_label="x", y_label="y"))
+    assert len(_points(root)) == 1 and not root.findall(f"{SVG}polyline")
+
+
+def test_plots_from_rows_use_speed_when_measured() -> None:
+    rows = _synthetic().rows
+    size = _parse(plots.quality_vs_size(rows))
+    speed = _parse(plots.speed_vs_quality(rows))
+    assert len(_points(size)) == len(_points(speed)) == 5
+    assert speed.findtext(f"{SVG}title") == "Decode speed vs quality"
+    fallback = _parse(plots.speed_vs_quality(_synthetic(speed=False).rows))
+    assert "Size vs quality" in (fallback.findtext(f"{SVG}title") or "")
+    assert len(_points(fallback)) == 5
+
+
+# --- table columns -----------------------------------------------------------------------------
+
+
+def test_optional_columns_only_when_measured() -> None:
+    with_speed, without = _synthetic(), _synthetic(speed=False)
+    for row in with_speed.rows + without.rows:
+        assert {key for key, _ in table.OPTIONAL_COLUMNS} <= row.keys()
+    keys = [key for key, _ in with_speed.columns()]
+    assert "decode_tok_s" in keys and "peak_memory_bytes" in keys and "cost_per_mtok_usd" not in keys
+    assert with_speed.rows[0]["decode_tok_s"] == 20.0 and with_speed.rows[0]["decode_speed_ratio"] == 1.0
+    assert without.columns() == table.COLUMNS
+    assert "decode tok/s" in render.to_markdown(with_speed)
+    assert "decode tok/s" not in render.to_markdown(without)
+    assert json.loads(render.to_json(with_speed))["columns"] == keys
+
+
+def test_html_is_self_contained_and_escaped() -> None:
+    page = render.to_html(_synthetic())
+    assert page.count("<svg") == 2 and page.count('<tr class="run"') == 4
+    assert "q2 &lt;b&gt;&amp;" in page and "q2 <b>" not in page
+    assert 'class="warnings"' in page and "different model" in page
+    assert not re.search(r"<link|<script|<img|@import|url\(", page)
+    assert re.findall(r"https?://[^\"' ]+", page) == ["http://www.w3.org/2000/svg"] * 2
+
+
+# --- the CLI over two real runs of the tiny model ------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def two_runs(tmp_path_factory: pytest.TempPathFactory, tiny_model: Path, session_cache: Path) -> list[Path]:
+    """Two quantized runs of the tiny model (FP8 dynamic and FP8 block), made once for this module."""
+    folder = tmp_path_factory.mktemp("html-runs")
+    recipe = folder / "tiny.yaml"
+    recipe.write_text(
+        f"""
+name: tiny-fp8
+method: fp8
+options: {{scheme: FP8_DYNAMIC}}
+model: {tiny_model}
+device: cpu
+calibration: {{num_samples: 4, seq_len: 64}}
+eval: {{num_windows: 4, seq_len: 64, top_k: 8, batch_size: 2}}
+""",
+        encoding="utf-8",
+    )
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("QUANTKIT_CACHE", str(session_cache))
+        patch.setenv("QUANTKIT_RUNS_DIR", str(folder / "runs"))
+        assert main(["quantize", str(recipe), "--out", str(folder / "a")]) == 0
+        args = ["quantize", str(recipe), "--out", str(folder / "b"), "--set", "options.scheme=FP8_BLOCK"]
+        assert main(args) == 0
+    return [folder / "a", folder / "b"]
+
+
+def test_report_writes_html(two_runs: list[Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    target = tmp_path / "report.html"
+    code, out, err = run_cli(capsys, "report", *two_runs, "-o", target, "-o", tmp_path / "r.htm")
+    assert code == 0, err
+    assert "wrote" in err and "baseline" in out and (tmp_path / "r.htm").is_file()
+    page = target.read_text(encoding="utf-8")
+    rows = re.findall(r"<tr class=\"(baseline|run)\"[^>]*>(.*?)</tr>", page)
+    assert [kind for kind, _ in rows] == ["baseline", "run", "run"]
+    assert '<td class="text">baseline</td>' in rows[0][1]
+    assert "FP8_DYNAMIC" in rows[1][1] and "FP8_BLOCK" in rows[2][1]
+    for title in ("bits", "disk", "ppl", "Δppl %", "KLD mean", "KLD p99", "top-1 %", "quantize s"):
+        assert f">{title}</th>" in page
+    svgs = re.findall(r"<svg.*?</svg>", page, flags=re.S)
+    assert len(svgs) == 2
+    for svg in svgs:
+        assert len(_points(_parse(svg))) == 3  # baseline + two runs
+    manifests = [json.loads((run / "manifest.json").read_text()) for run in two_runs]
+    if any("decode_tok_s" in manifest["metrics"]["quantized"] for manifest in manifests):
+        assert ">decode tok/s</th>" in page and "Decode speed vs quality" in svgs[1]
+    else:  # no speed stage: no speed columns, and the second plot falls back to size vs quality
+        assert ">decode tok/s</th>" not in page
+        assert "Size vs quality (no decode speed measured)" in svgs[1]
+
+
+# --- the page in a real browser ------------------------------------------------------------------
+
+
+def _chromium(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    if not CHROMIUM.exists():
+        pytest.fail(f"{CHROMIUM} is missing: install the Debian package 'chromium' to run the browser check")
+    profile = tmp_path / f"profile-{len(list(tmp_path.glob('profile-*')))}"
+    command = [
+        str(CHROMIUM),
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-quic",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        f"--user-data-dir={profile}",
+        "--window-size=1400,1000",
+        *args,
+    ]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=240)
+    assert result.returncode == 0, result.stderr[-2000:]
+    return result
+
+
+@pytest.fixture(params=["cli", "synthetic"])
+def html_page(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[Path, int]]:
+    """(page, number of runs): one from the CLI over real runs, one with speed columns and warnings."""
+    target = tmp_path / "report.html"
+    if request.param == "cli":
+        runs = request.getfixturevalue("two_runs")
+        assert main(["report", *map(str, runs), "-o", str(target)]) == 0
+        yield target, 2
+    else:
+        target.write_text(render.to_html(_synthetic()), encoding="utf-8")
+        yield target, 4
+
+
+def test_chromium_renders_the_report(html_page: tuple[Path, int], tmp_path: Path) -> None:
+    from PIL import Image
+
+    page, runs = html_page
+    dom = _chromium(tmp_path, "--dump-dom", page.resolve().as_uri()).stdout
+    assert '<table id="comparison">' in dom
+    assert len(re.findall(r"<tr class=\"run\"", dom)) == runs
+    assert len(re.findall(r"<svg\b", dom)) == 2
+    assert len(re.findall(r"class=\"point\b", dom)) == 2 * (runs + 1)
+
+    png = tmp_path / "shot.png"
+    _chromium(tmp_path, f"--screenshot={png}", page.resolve().as_uri())
+    with Image.open(png) as image:
+        rgb = image.convert("RGB")
+    assert rgb.size == (1400, 1000)
+    colours = rgb.getcolors(maxcolors=1 << 22)
+    assert colours is not None and len(colours) > 50, "the screenshot is (nearly) blank"
+    assert max(count for count, _ in colours) < 0.97 * 1400 * 1000
+    orange = sum(count for count, (r, g, b) in colours if abs(r - 217) + abs(g - 72) + abs(b - 15) < 40)
+    assert orange > 100, "the SVG plots (orange Pareto markers) did not render"
