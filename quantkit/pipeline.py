@@ -143,7 +143,7 @@ def _run_quantize(request: QuantizeRequest, reporter: Reporter | None) -> RunRes
             base_metrics |= base_bench
             metrics |= quant_bench
 
-        gate = None if recipe.gates.is_empty() else evaluate_gate(recipe.gates, dict(metrics))
+        gate = None if recipe.gates.is_empty() else evaluate_gate(recipe.gates, dict(metrics), window_scores)
         timer.timings["total_s"] = round(time.perf_counter() - total_start, 3)
         artifact_bytes = folder_bytes(artifact.path)
         manifest: dict[str, Any] = {

@@ -80,7 +80,9 @@ class GateSpec(StrictModel):
     def is_empty(self) -> bool:
         """True when no threshold (``max_*``/``min_*``) is set; the options do not count."""
         return all(
-            getattr(self, name) is None for name in type(self).model_fields if name.startswith(("max_", "min_"))
+            getattr(self, name) is None
+            for name in type(self).model_fields
+            if name.startswith(("max_", "min_"))
         )
 
 

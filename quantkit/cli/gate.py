@@ -1,14 +1,35 @@
-"""`quantkit gate RUN`: exit 0 when every threshold holds, 1 when one fails."""
+"""`quantkit gate RUN...`: exit 0 when every threshold holds for every run, 1 when one fails.
+
+Thresholds are layered field by field: the run's recipe `gates:` < `--gate-file` < flags.
+"""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import typer
 
 from quantkit.cli.common import FormatOption
 from quantkit.cli.output import OutputFormat, emit_json, stderr, stdout
-from quantkit.errors import UserInputError
+from quantkit.errors import OutputError, RunNotFoundError, UserInputError
+
+if TYPE_CHECKING:
+    from quantkit.gate import GateResult
+
+_BYTE_UNITS = {
+    "": 1,
+    "b": 1,
+    "kb": 10**3,
+    "mb": 10**6,
+    "gb": 10**9,
+    "tb": 10**12,
+    "kib": 2**10,
+    "mib": 2**20,
+    "gib": 2**30,
+    "tib": 2**40,
+}
 
 
 def _percent(value: str | None, name: str) -> float | None:
@@ -20,49 +41,206 @@ def _percent(value: str | None, name: str) -> float | None:
         raise UserInputError(f"{name}: '{value}' is not a number", f"e.g. {name} 5%") from None
 
 
+def _fraction(value: str | None, name: str) -> float | None:
+    """0.95 or 95%."""
+    if value is None:
+        return None
+    text = value.strip()
+    number = _percent(text, name)
+    return None if number is None else (number / 100 if text.endswith("%") else number)
+
+
+def _bytes(value: str | None, name: str) -> int | None:
+    if value is None:
+        return None
+    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:e[0-9]+)?)\s*([a-z]*)\s*", value.lower())
+    if not match or match.group(2) not in _BYTE_UNITS:
+        raise UserInputError(f"{name}: '{value}' is not a size", f"e.g. {name} 8GB (or bytes, or 7.5GiB)")
+    return round(float(match.group(1)) * _BYTE_UNITS[match.group(2)])
+
+
 def gate(
-    run: Path = typer.Argument(..., help="run folder made by quantkit quantize"),
-    max_kld: float | None = typer.Option(None, "--max-kld", help="max mean KLD (nats)"),
-    max_kld_p99: float | None = typer.Option(None, "--max-kld-p99", help="max p99 KLD (nats)"),
-    max_ppl_increase: str | None = typer.Option(
-        None, "--max-ppl-increase", help="max perplexity increase, e.g. 5%"
+    runs: list[Path] = typer.Argument(..., help="run folders made by quantkit quantize"),
+    gate_file: Path | None = typer.Option(
+        None, "--gate-file", help="YAML mapping of gate fields (overrides the recipe's gates; see docs/ci.md)"
     ),
-    min_top1: str | None = typer.Option(None, "--min-top1", help="min top-1 agreement, e.g. 90%"),
+    max_kld: float | None = typer.Option(
+        None, "--max-kld", help="max mean KLD vs the baseline (nats, absolute)"
+    ),
+    max_kld_p99: float | None = typer.Option(
+        None, "--max-kld-p99", help="max p99 per-token KLD (nats, absolute)"
+    ),
+    max_ppl_increase: str | None = typer.Option(
+        None, "--max-ppl-increase", help="max perplexity increase relative to the baseline, e.g. 5%"
+    ),
+    min_top1: str | None = typer.Option(
+        None, "--min-top1", help="min top-1 agreement with the baseline, e.g. 90%"
+    ),
+    min_task_recovery: str | None = typer.Option(
+        None, "--min-task-recovery", help="min task score as % of the baseline's, e.g. 98%"
+    ),
+    min_decode_speed_ratio: float | None = typer.Option(
+        None, "--min-decode-speed-ratio", help="min decode tokens/s relative to the baseline, e.g. 1.2"
+    ),
+    min_prefill_speed_ratio: float | None = typer.Option(
+        None, "--min-prefill-speed-ratio", help="min prefill tokens/s relative to the baseline"
+    ),
+    max_peak_memory: str | None = typer.Option(
+        None, "--max-peak-memory", help="max peak memory (absolute), e.g. 8GB, 7.5GiB or bytes"
+    ),
+    max_memory_ratio: float | None = typer.Option(
+        None, "--max-memory-ratio", help="max peak memory relative to the baseline, e.g. 0.6"
+    ),
+    require_significance: bool | None = typer.Option(
+        None,
+        "--require-significance/--no-require-significance",
+        help="judge KLD, ppl and top-1 by bootstrap intervals: fail only on a clear regression",
+    ),
+    strict_inconclusive: bool | None = typer.Option(
+        None,
+        "--strict-inconclusive/--no-strict-inconclusive",
+        help="with --require-significance: an interval straddling a threshold fails (default: passes)",
+    ),
+    confidence: str | None = typer.Option(None, "--confidence", help="interval confidence, e.g. 0.95 or 95%"),
+    bootstrap_samples: int | None = typer.Option(None, "--bootstrap-samples", help="bootstrap resamples"),
+    seed: int | None = typer.Option(None, "--seed", help="bootstrap seed"),
+    junit: Path | None = typer.Option(None, "--junit", help="write a JUnit XML report here"),
+    markdown: Path | None = typer.Option(
+        None, "--markdown", help="write a Markdown table here (e.g. $GITHUB_STEP_SUMMARY)"
+    ),
     output_format: OutputFormat = FormatOption,
 ) -> None:
-    """Check a run against thresholds (from the flags, else from its recipe's gates)."""
-    from quantkit.gate import evaluate_gate
-    from quantkit.recipe import GateSpec
+    from quantkit.gate import evaluate_gate, load_gate_file, load_windows, resolve_spec
     from quantkit.store import load_run
 
-    record = load_run(run)
-    spec = GateSpec(
-        max_kld=max_kld,
-        max_kld_p99=max_kld_p99,
-        max_ppl_increase_pct=_percent(max_ppl_increase, "--max-ppl-increase"),
-        min_top1_pct=_percent(min_top1, "--min-top1"),
-    )
-    if spec.is_empty():
-        spec = GateSpec.model_validate(record.manifest.get("recipe", {}).get("gates") or {})
-    if spec.is_empty():
-        raise UserInputError(
-            "no thresholds to check",
-            "pass e.g. --max-kld 0.05 --max-ppl-increase 5% or declare gates in the recipe",
-        )
-    quantized = record.manifest.get("metrics", {}).get("quantized", {})
-    metrics = {name: entry.get("value") for name, entry in quantized.items()}
-    result = evaluate_gate(spec, metrics)
+    flags: dict[str, Any] = {
+        "max_kld": max_kld,
+        "max_kld_p99": max_kld_p99,
+        "max_ppl_increase_pct": _percent(max_ppl_increase, "--max-ppl-increase"),
+        "min_top1_pct": _percent(min_top1, "--min-top1"),
+        "min_task_recovery_pct": _percent(min_task_recovery, "--min-task-recovery"),
+        "min_decode_speed_ratio": min_decode_speed_ratio,
+        "min_prefill_speed_ratio": min_prefill_speed_ratio,
+        "max_peak_memory_bytes": _bytes(max_peak_memory, "--max-peak-memory"),
+        "max_memory_ratio": max_memory_ratio,
+        "require_significance": require_significance,
+        "strict_inconclusive": strict_inconclusive,
+        "confidence": _fraction(confidence, "--confidence"),
+        "bootstrap_samples": bootstrap_samples,
+        "seed": seed,
+    }
+    flags = {key: value for key, value in flags.items() if value is not None}
+    file_layer: dict[str, Any] = {}
+    if gate_file is not None:
+        file_spec = load_gate_file(gate_file)
+        file_layer = file_spec.model_dump(include=file_spec.model_fields_set)
+
+    # Validate every input before evaluating anything: bad input is exit 2, never a half gate.
+    for target in (junit, markdown):
+        if target is not None and not target.parent.is_dir():
+            raise OutputError(f"cannot write '{target}': no folder '{target.parent}'", "create it first")
+    plans = []
+    for run in runs:
+        record = load_run(run)
+        recipe_gates = record.manifest.get("recipe", {}).get("gates") or {}
+        spec, sources = resolve_spec([("recipe", recipe_gates), ("gate-file", file_layer), ("flag", flags)])
+        if spec.is_empty():
+            raise UserInputError(
+                f"no thresholds to check for '{run}'",
+                "pass e.g. --max-kld 0.05 --max-ppl-increase 5% or a --gate-file, or set the recipe's gates",
+            )
+        windows = load_windows(run)
+        if spec.require_significance and windows is None:
+            raise RunNotFoundError(
+                f"'{run}' has no eval_windows.json: significance needs per-window scores",
+                "run quantize again with this quantkit, or drop --require-significance",
+            )
+        plans.append((run, record, spec, sources, windows))
+
+    results: list[tuple[str, GateResult]] = []
+    for run, record, spec, sources, windows in plans:
+        quantized = record.manifest.get("metrics", {}).get("quantized", {})
+        metrics = {name: entry.get("value") for name, entry in quantized.items() if isinstance(entry, dict)}
+        result = evaluate_gate(spec, metrics, windows)
+        for check in result.checks:
+            check.source = sources.get(check.field, "")
+        results.append((str(run), result))
+
+    _write_outputs(results, junit, markdown)
+    passed = all(result.passed for _, result in results)
     if output_format == OutputFormat.json:
-        emit_json({"run": str(run), **result.to_dict()})
+        emit_json(
+            {
+                "schema_version": 1,
+                "passed": passed,
+                "runs": [{"run": label, **result.to_dict()} for label, result in results],
+            }
+        )
     else:
+        _print_table(results)
+    from rich.markup import escape
+
+    for label, result in results:
+        for note in result.notes:
+            stderr.print(f"[yellow]note:[/yellow] {escape(label)}: {escape(note)}")
+        for check in result.failures:
+            stderr.print(f"[red]✗[/red] {escape(label)}: {escape(check.describe())}")
+    failed_runs = [label for label, result in results if not result.passed]
+    if failed_runs:
+        stderr.print(f"[red]gate failed: {len(failed_runs)} of {len(results)} run(s)[/red]")
+        raise typer.Exit(1)
+    stderr.print("[green]gate passed[/green]")
+
+
+gate.__doc__ = (  # built from single-line paragraphs: the help reflows them
+    "Check runs against thresholds: each run's recipe gates, overridden field by field by "
+    "--gate-file, overridden by the flags. Exit 0 when every check of every run passes, 1 when "
+    "one fails, 2 on bad input (see docs/ci.md).\n\n"
+    "Relative to the baseline: --max-ppl-increase (% over its perplexity), --min-top1 (% of "
+    "positions agreeing with its argmax), --min-task-recovery (% of its task score) and the "
+    "*-ratio flags (quantized / baseline). Absolute: --max-kld and --max-kld-p99 (nats of "
+    "KL(baseline || quantized)) and --max-peak-memory.\n\n"
+    "--require-significance judges KLD, ppl and top-1 by bootstrap intervals over the eval "
+    "windows: a check fails only when the whole interval is past the threshold; an interval "
+    "straddling it is inconclusive and passes unless --strict-inconclusive."
+)
+
+
+def _write_outputs(results: list[tuple[str, GateResult]], junit: Path | None, markdown: Path | None) -> None:
+    from quantkit.gate import to_junit, to_markdown
+    from quantkit.models import write_text_atomic
+
+    for target, render in ((junit, to_junit), (markdown, to_markdown)):
+        if target is None:
+            continue
+        try:
+            write_text_atomic(target, render(results))
+        except OSError as err:
+            raise OutputError(f"cannot write '{target}' ({err.strerror})", "pick another path") from None
+        stderr.print(f"wrote {target}")
+
+
+def _print_table(results: list[tuple[str, GateResult]]) -> None:
+    from rich.markup import escape
+    from rich.table import Table
+
+    from quantkit.gate import format_interval, format_threshold, format_value, verdict_label
+
+    table = Table(title="quantkit gate", title_justify="left")
+    for column in ("run", "metric", "value", "threshold", "interval", "from", "verdict"):
+        table.add_column(column, justify="right" if column in ("value", "threshold") else "left")
+    for label, result in results:
         for check in result.checks:
             colour = "green" if check.passed else "red"
-            stdout.print(f"[{colour}]{'PASS' if check.passed else 'FAIL'}[/{colour}] {check.describe()}")
-        verdict = (
-            "[green]gate passed[/green]"
-            if result.passed
-            else f"[red]gate failed: {len(result.failures)} check(s)[/red]"
-        )
-        stderr.print(verdict)
-    if not result.passed:
-        raise typer.Exit(1)
+            if check.verdict == "inconclusive":
+                colour = "yellow"
+            table.add_row(
+                escape(label),
+                check.metric,
+                format_value(check.metric, check.value),
+                format_threshold(check),
+                format_interval(check),
+                check.source,
+                f"[{colour}]{verdict_label(check)}[/{colour}]",
+            )
+    stdout.print(table)
