@@ -43,3 +43,4 @@ clean:
 bench: $(STAMP)
 	test -x /usr/bin/time || (apt-get update -qq && apt-get install -y -qq time)
 	$(BIN)/python bench/gptq_overhead.py
+	$(BIN)/python bench/eval_overhead.py

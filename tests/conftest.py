@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -54,3 +55,30 @@ gates: {{max_kld: 1.0}}
         encoding="utf-8",
     )
     return path
+
+
+CHROMIUM = Path("/usr/bin/chromium")
+
+
+def run_chromium(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """Run headless Chromium (Debian package) with a fresh profile; fail clearly when absent."""
+    if not CHROMIUM.exists():
+        pytest.fail(f"{CHROMIUM} is missing: install the Debian package 'chromium' to run the browser check")
+    profile = tmp_path / f"profile-{len(list(tmp_path.glob('profile-*')))}"
+    command = [
+        str(CHROMIUM),
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-quic",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        f"--user-data-dir={profile}",
+        "--window-size=1400,1000",
+        *args,
+    ]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=240)
+    assert result.returncode == 0, result.stderr[-2000:]
+    return result

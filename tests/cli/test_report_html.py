@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import run_chromium
 
 from quantkit.cli import main
 from quantkit.report import plots, render, table
@@ -223,26 +224,7 @@ def test_report_writes_html(two_runs: list[Path], tmp_path: Path, capsys: pytest
 
 
 def _chromium(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    if not CHROMIUM.exists():
-        pytest.fail(f"{CHROMIUM} is missing: install the Debian package 'chromium' to run the browser check")
-    profile = tmp_path / f"profile-{len(list(tmp_path.glob('profile-*')))}"
-    command = [
-        str(CHROMIUM),
-        "--headless",
-        "--no-sandbox",
-        "--disable-gpu",
-        "--disable-quic",
-        "--no-first-run",
-        "--disable-background-networking",
-        "--disable-component-update",
-        "--disable-sync",
-        f"--user-data-dir={profile}",
-        "--window-size=1400,1000",
-        *args,
-    ]
-    result = subprocess.run(command, capture_output=True, text=True, timeout=240)
-    assert result.returncode == 0, result.stderr[-2000:]
-    return result
+    return run_chromium(tmp_path, *args)
 
 
 @pytest.fixture(params=["cli", "synthetic"])

@@ -137,3 +137,23 @@ def test_bench_measures_less_weights_memory_for_a_4_bit_gguf(runs: dict[str, dic
     manifest = json.loads((Path(run) / "manifest.json").read_text())
     assert manifest["bench"]["artifact"]["runtime"] == "llamacpp"
     assert manifest["bench"]["baseline"]["runtime"] == "hf"
+
+
+def test_report_over_smollm2_artifacts_renders_in_chromium(runs: dict[str, dict], tmp_path: Path) -> None:
+    from conftest import run_chromium
+
+    paths = [runs[name]["_path"] for name in ("q8_0", "q4_k_m", "iq4_xs-imatrix")]
+    html, md, js = tmp_path / "r.html", tmp_path / "r.md", tmp_path / "r.json"
+    assert main(["report", *paths, "-o", str(html), "-o", str(md), "-o", str(js)]) == 0
+    rows = json.loads(js.read_text())["rows"]
+    assert rows[0]["name"] == "baseline" and len(rows) == 4
+    assert md.read_text().count("\n| ") == 5
+    dom = run_chromium(tmp_path, "--dump-dom", html.resolve().as_uri()).stdout
+    assert dom.count("<svg") == 2 and dom.count('<tr class="run"') == 3
+    shot = tmp_path / "shot.png"
+    run_chromium(tmp_path, f"--screenshot={shot}", html.resolve().as_uri())
+    from PIL import Image
+
+    with Image.open(shot) as image:
+        colours = image.convert("RGB").getcolors(maxcolors=1 << 22)
+    assert colours is not None and len(colours) > 50
