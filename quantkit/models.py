@@ -69,13 +69,17 @@ def _file_sha256(path: Path) -> str:
 
 
 def fingerprint(folder: Path) -> str:
-    """sha256 over config.json and the weight files' contents (cached by size and mtime)."""
+    """sha256 over the config, tokenizer and weight files (cached by size and mtime).
+
+    Tokenizer files count: they decide the token ids and what a GGUF conversion writes.
+    """
     cache_file = cache_dir() / "fingerprints.json"
     try:
         known: dict[str, str] = json.loads(cache_file.read_text())
     except (OSError, ValueError):
         known = {}
-    files = [folder / "config.json", *weight_files(folder)]
+    extras = [p for pattern in ("*.json", "*.jinja", "tokenizer.model") for p in folder.glob(pattern)]
+    files = sorted({*extras, folder / "config.json", *weight_files(folder)})
     stamp = "|".join(f"{p.resolve()}:{p.stat().st_size}:{p.stat().st_mtime_ns}" for p in files)
     key = hashlib.sha256(stamp.encode()).hexdigest()
     if key in known:

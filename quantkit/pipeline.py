@@ -108,6 +108,11 @@ def _run_quantize(request: QuantizeRequest, reporter: Reporter | None) -> RunRes
         source = resolve_model(model_spec, trust_remote_code=request.trust_remote_code)
         timer.measure("model_resolve_s", start)
     backend_cls.check_model(options, _config(source.path))
+    if recipe.evals:
+        from quantkit.evals.lm_eval_runner import check_tasks
+
+        for entry in recipe.evals:  # unknown task names fail now, not after quantization
+            check_tasks(entry.lm_eval.tasks)
     from quantkit.plan import check_quantization_fits, count_parameters
 
     check_quantization_fits(count_parameters(source.path) * (4 if device == "cpu" else 2), device)
@@ -135,6 +140,10 @@ def _run_quantize(request: QuantizeRequest, reporter: Reporter | None) -> RunRes
         from quantkit.evals.quality import baseline_metrics, with_info
 
         base_metrics = baseline_metrics(reference)
+        lm_eval_section = None
+        if recipe.evals:
+            lm_eval_section, recovered = _lm_eval(source, artifact, device, recipe, writer, reporter, timer)
+            metrics |= recovered
         bench_section = None
         if _bench_enabled(request):
             bench_section, base_bench, quant_bench = _bench(
@@ -192,6 +201,7 @@ def _run_quantize(request: QuantizeRequest, reporter: Reporter | None) -> RunRes
             },
             "gate": None if gate is None else gate.to_dict(),
             "bench": bench_section,
+            "lm_eval": lm_eval_section,
             "timings": timer.timings,
             "environment": environment(device),
         }
@@ -268,6 +278,45 @@ def _evaluate(
         runtime.close()
     timer.measure("eval_s", start)
     return summarize(scores, baseline_metrics(reference)["ppl"]), per_window(scores, reference)
+
+
+def _lm_eval(
+    source: Any,
+    artifact: Artifact,
+    device: str,
+    recipe: Recipe,
+    writer: RunWriter,
+    reporter: Reporter,
+    timer: _Timer,
+) -> tuple[list[dict[str, Any]], dict[str, float]]:
+    """lm-eval tasks on the baseline (cached) and the artifact; average recovery as a metric."""
+    from quantkit.evals import lm_eval_runner as runner
+
+    start = time.perf_counter()
+    sections: list[dict[str, Any]] = []
+    recovered: dict[str, float] = {}
+    for entry in recipe.evals:
+        spec = entry.lm_eval
+        manager = runner.check_tasks(spec.tasks)
+        with reporter.stage(f"lm-eval {', '.join(spec.tasks)}: baseline"):
+            base, cached = runner.baseline(source.path, source.fingerprint(), spec, manager, device)
+        with reporter.stage(f"lm-eval {', '.join(spec.tasks)}: artifact"):
+            samples = writer.tmp_dir / "lm_eval"
+            quant = runner.evaluate(artifact.runtime, artifact.path, spec, manager, device, samples)
+        recovered |= runner.recovery(base, quant)
+        sections.append(
+            {
+                "settings": spec.model_dump(mode="json"),
+                "baseline": base,
+                "baseline_cached": cached,
+                "artifact": quant,
+            }
+        )
+    timer.measure("lm_eval_s", start)
+    metrics = {f"task_recovery_pct:{task}": value for task, value in recovered.items()}
+    if recovered:
+        metrics["task_recovery_pct"] = sum(recovered.values()) / len(recovered)
+    return sections, metrics
 
 
 def _bench_enabled(request: QuantizeRequest) -> bool:

@@ -11,6 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from quantkit.bench_spec import BenchSpec
 from quantkit.errors import RecipeError
+from quantkit.lm_eval_spec import EvalEntry
 from quantkit.paths import recipes_dir
 from quantkit.registry import did_you_mean, get_backend
 
@@ -100,6 +101,7 @@ class Recipe(StrictModel):
     eval: EvalSpec = Field(default_factory=EvalSpec)
     gates: GateSpec = Field(default_factory=GateSpec)
     bench: BenchSpec = Field(default_factory=BenchSpec)
+    evals: list[EvalEntry] = Field(default_factory=list, description="extra evaluations (lm-eval tasks)")
 
     def to_yaml(self) -> str:
         return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False)

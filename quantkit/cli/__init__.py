@@ -8,7 +8,7 @@ import sys
 import typer
 
 from quantkit import __version__
-from quantkit.cli import backends, bench, gate, plan, quantize, recipes, report
+from quantkit.cli import backends, bench, eval, gate, plan, quantize, recipes, report
 from quantkit.errors import QuantkitError
 
 app = typer.Typer(
@@ -23,6 +23,7 @@ app.command("report")(report.report)
 app.command("gate")(gate.gate)
 app.command("bench")(bench.bench)
 app.command("plan")(plan.plan)
+app.command("eval")(eval.eval_tasks)
 app.add_typer(recipes.app, name="recipes")
 app.add_typer(backends.app, name="backends")
 

@@ -35,6 +35,7 @@ METRIC_INFO: dict[str, tuple[bool, str, str]] = {
     "prefill_speed_ratio": (True, "x", "prefill tok/s relative to the baseline"),
     "memory_ratio": (False, "x", "peak memory relative to the baseline"),
     "weights_memory_ratio": (False, "x", "weights memory relative to the baseline"),
+    "task_recovery_pct": (True, "%", "lm-eval score recovered vs the baseline, averaged over tasks"),
 }
 
 
@@ -140,7 +141,7 @@ def with_info(metrics: dict[str, float]) -> dict[str, dict[str, Any]]:
     """Attach ``higher_is_better`` and units to metric values for the manifest."""
     out: dict[str, dict[str, Any]] = {}
     for name, value in metrics.items():
-        higher, unit, description = METRIC_INFO[name]
+        higher, unit, description = METRIC_INFO[name.split(":")[0]]
         out[name] = {
             "value": value,
             "higher_is_better": higher,

@@ -157,3 +157,35 @@ def test_report_over_smollm2_artifacts_renders_in_chromium(runs: dict[str, dict]
     with Image.open(shot) as image:
         colours = image.convert("RGB").getcolors(maxcolors=1 << 22)
     assert colours is not None and len(colours) > 50
+
+
+def test_lm_eval_task_recovery_for_a_gguf(runs: dict[str, dict], capsys) -> None:
+    run = runs["q4_k_m"]["_path"]
+    assert main(["eval", run, "--tasks", "quantkit_cloze", "--limit", "40", "--format", "json"]) == 0
+    result = json.loads(capsys.readouterr().out)[0]
+    assert result["baseline"]["quantkit_cloze"]["value"] > 0.5  # a real LM solves most cloze items
+    assert result["artifact"]["quantkit_cloze"]["stderr"] is not None
+    assert 50 < result["recovery_pct"]["quantkit_cloze"] <= 150
+    assert (Path(run) / "lm_eval" / "quantkit_cloze.jsonl").is_file()
+
+
+def test_llama_cpp_lm_eval_adapter_matches_hf_log_likelihoods(runs: dict[str, dict]) -> None:
+    """The F16 GGUF through quantkit's lm-eval adapter scores like the HF model through lm-eval's hf."""
+    from lm_eval.api.instance import Instance
+    from lm_eval.models.huggingface import HFLM
+
+    from quantkit.evals.lm_eval_llamacpp import LlamaCppLM
+
+    pairs = [
+        ("The if statement is used for conditional", " execution"),
+        ("A for loop iterates over the items of a", " sequence"),
+        ("Python raises an exception when an error", " occurs in the program"),
+    ]
+    requests = [Instance("loglikelihood", {}, pair, index) for index, pair in enumerate(pairs)]
+    gguf_lm = LlamaCppLM(Path(runs["f16"]["_path"]) / "artifact")
+    hf_lm = HFLM(pretrained=runs["f16"]["model"]["path"], dtype="float32", device="cpu", batch_size=1)
+    for (ours, greedy_ours), (theirs, greedy_theirs) in zip(
+        gguf_lm.loglikelihood(requests), hf_lm.loglikelihood(requests), strict=True
+    ):
+        assert abs(ours - theirs) < 0.05
+        assert greedy_ours == greedy_theirs

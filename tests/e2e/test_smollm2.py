@@ -132,3 +132,10 @@ def test_embedded_source_is_never_written(fp8_run: Path, smollm2: Path) -> None:
             "chat_template.jinja",
         ]
     )
+
+
+def test_lm_eval_task_recovery_for_an_hf_format(fp8_run: Path, capsys) -> None:
+    assert main(["eval", str(fp8_run), "--tasks", "quantkit_cloze", "--limit", "40", "--format", "json"]) == 0
+    result = json.loads(capsys.readouterr().out)[0]
+    assert result["baseline"]["quantkit_cloze"]["value"] > 0.5
+    assert 50 < result["recovery_pct"]["quantkit_cloze"] <= 150

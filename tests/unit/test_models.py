@@ -103,3 +103,13 @@ def test_folder_without_a_tokenizer(tmp_path: Path, tiny_model: Path) -> None:
         shutil.copy(tiny_model / name, folder / name)
     with pytest.raises(ModelSourceError, match="has no tokenizer"):
         resolve_model(str(folder))
+
+
+def test_fingerprint_follows_the_tokenizer(tmp_path: Path, tiny_model: Path) -> None:
+    folder = tmp_path / "copy"
+    shutil.copytree(tiny_model, folder)
+    first = fingerprint(folder)
+    config = json.loads((folder / "tokenizer_config.json").read_text())
+    config["eos_token"] = "<|im_end|>"
+    (folder / "tokenizer_config.json").write_text(json.dumps(config))
+    assert fingerprint(folder) != first

@@ -1,0 +1,81 @@
+"""lm-eval on the tiny model: the shipped offline task, recovery, caching, unknown tasks."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from quantkit.cli import main
+
+pytest.importorskip("lm_eval")
+
+
+def recipe(tmp_path: Path, tiny_model: Path, tasks: str = "[quantkit_cloze]") -> Path:
+    path = tmp_path / "lm.yaml"
+    path.write_text(
+        f"""
+name: tiny-lm
+method: fp8
+model: {tiny_model}
+device: cpu
+eval: {{num_windows: 2, seq_len: 32, top_k: 4}}
+evals:
+  - lm_eval: {{tasks: {tasks}, limit: 8, batch_size: 4}}
+gates: {{min_task_recovery_pct: 1}}
+""",
+        encoding="utf-8",
+    )
+    return path
+
+
+def test_quantize_runs_lm_eval_and_records_recovery(tmp_path: Path, tiny_model: Path, capsys) -> None:
+    first, second = tmp_path / "a", tmp_path / "b"
+    assert main(["quantize", str(recipe(tmp_path, tiny_model)), "--out", str(first)]) == 0
+    manifest = json.loads((first / "manifest.json").read_text())
+    section = manifest["lm_eval"][0]
+    for side in ("baseline", "artifact"):
+        entry = section[side]["quantkit_cloze"]
+        assert entry["metric"] == "acc_norm" and 0 <= entry["value"] <= 1 and entry["stderr"] is not None
+    recovery = manifest["metrics"]["quantized"]["task_recovery_pct"]
+    assert recovery["higher_is_better"] is True and recovery["value"] > 0
+    assert "task_recovery_pct:quantkit_cloze" in manifest["metrics"]["quantized"]
+    samples = (first / "lm_eval" / "quantkit_cloze.jsonl").read_text().splitlines()
+    assert len(samples) == 8 and "resps" in json.loads(samples[0])
+    assert manifest["gate"]["passed"] is True
+    # the baseline's task results are cached: a second recipe on the same model reuses them
+    assert main(["quantize", str(recipe(tmp_path, tiny_model)), "--out", str(second), "--set", "seed=1"]) == 0
+    again = json.loads((second / "manifest.json").read_text())["lm_eval"][0]
+    assert again["baseline_cached"] is True and again["baseline"] == section["baseline"]
+
+
+def test_unknown_task_fails_before_quantizing(tmp_path: Path, tiny_model: Path, capsys) -> None:
+    out = tmp_path / "x"
+    code = main(["quantize", str(recipe(tmp_path, tiny_model, "[quantkit_clozee]")), "--out", str(out)])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert "lm-eval does not know task 'quantkit_clozee'" in err and "quantkit_cloze" in err
+    assert not out.exists()
+
+
+def test_eval_command_on_a_stored_run(tmp_path: Path, tiny_recipe: Path, capsys) -> None:
+    out = tmp_path / "run"
+    assert main(["quantize", str(tiny_recipe), "--out", str(out)]) == 0
+    capsys.readouterr()
+    assert main(["eval", str(out), "--tasks", "quantkit_cloze", "--limit", "6", "--format", "json"]) == 0
+    result = json.loads(capsys.readouterr().out)[0]
+    assert set(result["recovery_pct"]) == {"quantkit_cloze"}
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["metrics"]["quantized"]["task_recovery_pct"]["value"] == pytest.approx(
+        result["recovery_pct"]["quantkit_cloze"]
+    )
+    assert main(["gate", str(out), "--min-task-recovery", "1"]) == 0
+
+
+def test_recovery_inverts_lower_is_better_metrics() -> None:
+    from quantkit.evals.lm_eval_runner import recovery
+
+    base = {"a": {"value": 0.5, "higher_is_better": True}, "p": {"value": 10.0, "higher_is_better": False}}
+    quant = {"a": {"value": 0.4, "higher_is_better": True}, "p": {"value": 12.5, "higher_is_better": False}}
+    assert recovery(base, quant) == {"a": pytest.approx(80.0), "p": pytest.approx(80.0)}
