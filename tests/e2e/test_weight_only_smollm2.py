@@ -86,3 +86,20 @@ def test_artifact_loads_in_plain_transformers_and_generates(runs: dict[str, dict
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stdout.strip()
+
+
+def test_lm_eval_recovery_for_gptq_and_awq_shows_in_the_report(
+    runs: dict[str, dict], tmp_path: Path, capsys
+) -> None:
+    paths = [runs[name]["_path"] for name in ("gptq", "awq")]
+    assert main(["eval", *paths, "--tasks", "quantkit_cloze", "--limit", "40", "--format", "json"]) == 0
+    results = json.loads(capsys.readouterr().out)
+    assert [r["baseline"]["quantkit_cloze"]["value"] > 0.5 for r in results] == [True, True]
+    for result in results:
+        assert result["artifact"]["quantkit_cloze"]["stderr"] is not None
+        assert 30 < result["recovery_pct"]["quantkit_cloze"] <= 150
+    report = tmp_path / "r.json"
+    assert main(["report", *paths, "-o", str(report)]) == 0
+    rows = json.loads(report.read_text())["rows"]
+    assert "task_recovery_pct" in json.loads(report.read_text())["columns"]
+    assert all(row["task_recovery_pct"] is not None for row in rows[1:])
