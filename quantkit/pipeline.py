@@ -118,7 +118,10 @@ def _run_quantize(request: QuantizeRequest, reporter: Reporter | None) -> RunRes
     check_quantization_fits(count_parameters(source.path) * (4 if device == "cpu" else 2), device)
     run_id = new_run_id(recipe.name)
     final_dir = request.out or (request.runs_dir or runs_dir()) / run_id
-    check_output(final_dir, request.overwrite, protected=[source.path])
+    # the artifact is never larger than the source weights; 10% on top for tokenizer, reports
+    check_output(
+        final_dir, request.overwrite, protected=[source.path], required_bytes=int(1.1 * source.disk_bytes())
+    )
 
     from transformers import AutoTokenizer
 

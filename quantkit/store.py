@@ -23,8 +23,9 @@ def new_run_id(recipe_name: str) -> str:
     return time.strftime("%Y%m%d-%H%M%S") + f"-{recipe_name}"
 
 
-def check_output(final_dir: Path, overwrite: bool, protected: list[Path]) -> None:
-    """Refuse an output folder that exists (without overwrite) or overlaps a source."""
+def check_output(final_dir: Path, overwrite: bool, protected: list[Path], required_bytes: int = 0) -> None:
+    """Refuse an output folder that exists (without overwrite), overlaps a source, or whose
+    file system has less free space than ``required_bytes``."""
     resolved = final_dir.resolve()
     for source in protected:
         source = source.resolve()
@@ -46,6 +47,13 @@ def check_output(final_dir: Path, overwrite: bool, protected: list[Path]) -> Non
         raise OutputError(f"cannot create '{parent}' ({err.strerror})", "pick another --out") from None
     if not os.access(parent, os.W_OK):
         raise OutputError(f"output location '{parent}' is not writable", "pick another --out")
+    free = shutil.disk_usage(parent).free
+    if required_bytes and free < required_bytes:
+        raise OutputError(
+            f"not enough disk space in '{parent}': {free / 1e9:.2f} GB free, "
+            f"about {required_bytes / 1e9:.2f} GB needed",
+            "free some space or pick another --out",
+        )
 
 
 class RunWriter:
