@@ -57,19 +57,32 @@ class Plan:
 
 
 def _tensor_shapes(folder: Path) -> dict[str, tuple[list[int], str]]:
-    """name -> (shape, dtype) from the safetensors headers."""
+    """name -> (shape, dtype) from the safetensors headers; corrupt or truncated files are refused."""
     shapes: dict[str, tuple[list[int], str]] = {}
     for path in sorted(folder.glob("*.safetensors")):
+        corrupt = UserInputError(
+            f"'{path}' is not a valid safetensors file (corrupt or truncated)",
+            "re-download or re-save the model",
+        )
+        file_size = path.stat().st_size
         with path.open("rb") as handle:
-            (size,) = struct.unpack("<Q", handle.read(8))
-            if size > 100_000_000:
-                raise UserInputError(
-                    f"{path.name}: implausible safetensors header", "the file may be corrupt"
-                )
-            header = json.loads(handle.read(size))
-        for name, info in header.items():
-            if name != "__metadata__":
-                shapes[name] = (list(info["shape"]), str(info["dtype"]))
+            prefix = handle.read(8)
+            if len(prefix) < 8:
+                raise corrupt
+            (size,) = struct.unpack("<Q", prefix)
+            if size > min(100_000_000, file_size - 8):
+                raise corrupt
+            try:
+                header = json.loads(handle.read(size))
+                tensors = {k: v for k, v in header.items() if k != "__metadata__"}
+                data_end = max((int(v["data_offsets"][1]) for v in tensors.values()), default=0)
+                entries = [(k, list(v["shape"]), str(v["dtype"])) for k, v in tensors.items()]
+            except (ValueError, KeyError, TypeError, AttributeError, UnicodeDecodeError):
+                raise corrupt from None
+        if 8 + size + data_end > file_size:
+            raise corrupt
+        for name, shape, dtype in entries:
+            shapes[name] = (shape, dtype)
     return shapes
 
 

@@ -135,3 +135,52 @@ def test_gate_threshold_not_a_number(tmp_path: Path) -> None:
 def test_unknown_command(tmp_path: Path) -> None:
     result = quantkit("quantise", cwd=tmp_path)
     assert result.returncode == 2 and "Traceback" not in result.stderr
+
+
+def _copy_model(tiny_model: Path, tmp_path: Path) -> Path:
+    import shutil
+
+    folder = tmp_path / "model"
+    shutil.copytree(tiny_model, folder)
+    return folder
+
+
+def test_corrupted_safetensors(tmp_path: Path, tiny_model: Path) -> None:
+    folder = _copy_model(tiny_model, tmp_path)
+    weights = folder / "model.safetensors"
+    weights.write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{not json at all" + weights.read_bytes()[100:])
+    result = quantkit("quantize", "fp8-dynamic", "--model", folder, "--device", "cpu", cwd=tmp_path)
+    assert_clean_failure(result, "not a valid safetensors file", tmp_path)
+
+
+def test_truncated_safetensors(tmp_path: Path, tiny_model: Path) -> None:
+    folder = _copy_model(tiny_model, tmp_path)
+    weights = folder / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    result = quantkit("quantize", "fp8-dynamic", "--model", folder, "--device", "cpu", cwd=tmp_path)
+    assert_clean_failure(result, "corrupt or truncated", tmp_path)
+
+
+def test_calibration_file_with_invalid_utf8(tmp_path: Path, tiny_model: Path) -> None:
+    bad = tmp_path / "bad.txt"
+    bad.write_bytes(b"fine text " * 50 + b"\xff\xfe broken")
+    recipe = tiny(tmp_path, tiny_model, f"options: {{scheme: FP8}}\ncalibration: {{source: {bad}}}\n")
+    assert_clean_failure(quantkit("quantize", recipe, cwd=tmp_path), "not valid UTF-8", tmp_path)
+
+
+def test_recipe_with_a_yaml_anchor_bomb(tmp_path: Path) -> None:
+    lines = ["a: &a [x, x, x, x, x, x, x, x, x]"]
+    lines += [
+        f"{chr(98 + i)}: &{chr(98 + i)} [*{chr(97 + i)}, *{chr(97 + i)}, *{chr(97 + i)}]" for i in range(9)
+    ]
+    recipe = write(tmp_path / "bomb.yaml", "\n".join(lines) + "\n")
+    assert_clean_failure(quantkit("quantize", recipe, cwd=tmp_path), "aliases", tmp_path)
+
+
+def test_model_needing_remote_code(tmp_path: Path, tiny_model: Path) -> None:
+    folder = _copy_model(tiny_model, tmp_path)
+    config = json.loads((folder / "config.json").read_text())
+    config["auto_map"] = {"AutoModelForCausalLM": "modeling_evil.EvilForCausalLM"}
+    write(folder / "config.json", json.dumps(config))
+    result = quantkit("quantize", "fp8-dynamic", "--model", folder, cwd=tmp_path)
+    assert_clean_failure(result, "trust_remote_code", tmp_path)
