@@ -268,26 +268,9 @@ def load_gate_file(path: Path) -> GateSpec:
     is an error with a did-you-mean hint. ``model_fields_set`` of the result says which fields
     the file sets (an explicit ``null`` clears a threshold inherited from the recipe).
     """
-    import yaml
+    from quantkit.recipe import read_yaml
 
-    from quantkit.recipe import _NoAliasLoader
-
-    try:
-        size = path.stat().st_size
-        if size > MAX_GATE_FILE_BYTES:
-            raise RecipeError(f"{path}: gate file is {size} bytes", "a gate file is a small YAML mapping")
-        text = path.read_text(encoding="utf-8")
-    except UnicodeDecodeError:
-        raise RecipeError(f"{path}: not UTF-8 text", "save the gate file as UTF-8") from None
-    except OSError as err:
-        raise RecipeError(f"{path}: cannot read the gate file ({err.strerror})", "check the path") from None
-    try:
-        data = yaml.load(text, Loader=_NoAliasLoader)
-    except yaml.YAMLError as err:
-        mark = getattr(err, "problem_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        problem = getattr(err, "problem", None) or str(err).splitlines()[0]
-        raise RecipeError(f"{path}: malformed YAML{where}: {problem}", "fix the YAML") from None
+    data = read_yaml(path, "gate file", MAX_GATE_FILE_BYTES)
     example = "e.g. 'max_kld: 0.05' on its own line; see docs/ci.md"
     if data is None:
         raise RecipeError(f"{path}: gate file is empty", example)

@@ -182,29 +182,34 @@ class _NoAliasLoader(yaml.SafeLoader):
         if self.check_event(yaml.events.AliasEvent):
             mark = self.peek_event().start_mark
             raise yaml.composer.ComposerError(
-                None, None, "YAML aliases (*name) are not allowed in recipes", mark
+                None, None, "YAML aliases (*name) are not allowed in quantkit files", mark
             )
         return super().compose_node(parent, index)
 
 
-def load_raw(path: Path) -> dict[str, Any]:
-    """Read a recipe file into a plain mapping (no validation yet)."""
+def read_yaml(path: Path, what: str, max_bytes: int = MAX_RECIPE_BYTES) -> Any:
+    """Parse a small YAML file safely (no aliases); errors name the file and the line."""
     try:
         size = path.stat().st_size
-        if size > MAX_RECIPE_BYTES:
-            raise RecipeError(f"{path}: recipe is {size} bytes", "recipes are small YAML files")
+        if size > max_bytes:
+            raise RecipeError(f"{path}: {what} is {size} bytes", f"a {what} is a small YAML file")
         text = path.read_text(encoding="utf-8")
     except UnicodeDecodeError:
-        raise RecipeError(f"{path}: not UTF-8 text", "save the recipe as UTF-8") from None
+        raise RecipeError(f"{path}: not UTF-8 text", f"save the {what} as UTF-8") from None
     except OSError as err:
-        raise RecipeError(f"{path}: cannot read ({err.strerror})", "check the path") from None
+        raise RecipeError(f"{path}: cannot read the {what} ({err.strerror})", "check the path") from None
     try:
-        data = yaml.load(text, Loader=_NoAliasLoader)
+        return yaml.load(text, Loader=_NoAliasLoader)
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
         problem = getattr(err, "problem", None) or str(err).splitlines()[0]
         raise RecipeError(f"{path}: malformed YAML{where}: {problem}", "fix the YAML") from None
+
+
+def load_raw(path: Path) -> dict[str, Any]:
+    """Read a recipe file into a plain mapping (no validation yet)."""
+    data = read_yaml(path, "recipe")
     if data is None:
         raise RecipeError(f"{path}: recipe is empty", "see recipes/ for examples")
     if not isinstance(data, dict):

@@ -6,9 +6,8 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from quantkit.backends.base import Artifact, Backend, QuantizeJob
-from quantkit.backends.int_weights import IntWeightOptions, check_group_size_divides
-from quantkit.backends.llmcompressor_run import run_oneshot
+from quantkit.backends.base import Artifact, QuantizeJob
+from quantkit.backends.int_weights import IntWeightBackend, IntWeightOptions
 
 
 class AWQOptions(IntWeightOptions):
@@ -21,26 +20,16 @@ class AWQOptions(IntWeightOptions):
     n_grid: int = Field(20, ge=2, le=200, description="grid points of the scale search")
 
 
-class AWQBackend(Backend):
+class AWQBackend(IntWeightBackend):
     """AWQ W{3,4,8}A16 via llm-compressor's AWQ transform + QuantizationModifier."""
 
     name = "awq"
     summary = "AWQ activation-aware integer weights (W4A16) via llm-compressor"
     Options = AWQOptions
-    runtime = "hf"
-    library = "llmcompressor"
 
     @classmethod
     def requires_calibration(cls, options: Any) -> bool:
         return True
-
-    @classmethod
-    def check_model(cls, options: Any, config: dict[str, Any]) -> None:
-        check_group_size_divides(options, config)
-
-    @classmethod
-    def describe(cls, options: Any) -> tuple[str, float]:
-        return options.scheme_name(), options.effective_bits()
 
     def quantize(self, job: QuantizeJob) -> Artifact:
         from llmcompressor.modifiers.quantization import QuantizationModifier
@@ -51,6 +40,4 @@ class AWQBackend(Backend):
             AWQModifier(duo_scaling=options.duo_scaling, n_grid=options.n_grid),
             QuantizationModifier(config_groups=options.config_groups(), ignore=options.ignore),
         ]
-        details = run_oneshot(job, recipe, job.calibration)
-        scheme, bits = self.describe(options)
-        return Artifact(job.out_dir, "compressed-tensors", self.runtime, scheme, bits, details)
+        return self._run(job, recipe, job.calibration)

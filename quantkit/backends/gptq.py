@@ -6,9 +6,8 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from quantkit.backends.base import Artifact, Backend, QuantizeJob
-from quantkit.backends.int_weights import IntWeightOptions, check_group_size_divides
-from quantkit.backends.llmcompressor_run import run_oneshot
+from quantkit.backends.base import Artifact, QuantizeJob
+from quantkit.backends.int_weights import IntWeightBackend, IntWeightOptions
 
 
 class GPTQOptions(IntWeightOptions):
@@ -24,26 +23,16 @@ class GPTQOptions(IntWeightOptions):
     engine: Literal["llmcompressor"] = Field("llmcompressor", description="implementation")
 
 
-class GPTQBackend(Backend):
+class GPTQBackend(IntWeightBackend):
     """GPTQ W{3,4,8}A16 via llm-compressor (sequential, layer by layer)."""
 
     name = "gptq"
     summary = "GPTQ integer weights (W4A16/W8A16/W3A16) via llm-compressor"
     Options = GPTQOptions
-    runtime = "hf"
-    library = "llmcompressor"
 
     @classmethod
     def requires_calibration(cls, options: Any) -> bool:
         return True
-
-    @classmethod
-    def check_model(cls, options: Any, config: dict[str, Any]) -> None:
-        check_group_size_divides(options, config)
-
-    @classmethod
-    def describe(cls, options: Any) -> tuple[str, float]:
-        return options.scheme_name(), options.effective_bits()
 
     def quantize(self, job: QuantizeJob) -> Artifact:
         from llmcompressor.modifiers.gptq import GPTQModifier
@@ -56,6 +45,4 @@ class GPTQBackend(Backend):
             dampening_frac=options.dampening_frac,
             block_size=options.block_size,
         )
-        details = run_oneshot(job, modifier, job.calibration)
-        scheme, bits = self.describe(options)
-        return Artifact(job.out_dir, "compressed-tensors", self.runtime, scheme, bits, details)
+        return self._run(job, modifier, job.calibration)

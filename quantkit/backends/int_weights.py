@@ -6,7 +6,7 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator
 
-from quantkit.backends.base import BackendOptions
+from quantkit.backends.base import Artifact, Backend, BackendOptions, QuantizeJob
 from quantkit.errors import RecipeError
 
 
@@ -71,3 +71,25 @@ def check_group_size_divides(options: IntWeightOptions, config: dict[str, Any]) 
         fits = [g for g in (32, 64, 128) if all(w % g == 0 for w in widths.values())]
         hint = f"use options.group_size={fits[-1]}" if fits else "use options.group_size=null (per channel)"
         raise RecipeError(f"options.group_size={options.group_size} does not divide {shown}", hint)
+
+
+class IntWeightBackend(Backend):
+    """Shared behaviour of the integer weight-only backends (GPTQ, AWQ, RTN via llm-compressor)."""
+
+    runtime = "hf"
+    library = "llmcompressor"
+
+    @classmethod
+    def check_model(cls, options: Any, config: dict[str, Any]) -> None:
+        check_group_size_divides(options, config)
+
+    @classmethod
+    def describe(cls, options: Any) -> tuple[str, float]:
+        return options.scheme_name(), options.effective_bits()
+
+    def _run(self, job: QuantizeJob, recipe: Any, calibration: Any) -> Artifact:
+        from quantkit.backends.llmcompressor_run import run_oneshot
+
+        details = run_oneshot(job, recipe, calibration)
+        scheme, bits = self.describe(job.options)
+        return Artifact(job.out_dir, "compressed-tensors", self.runtime, scheme, bits, details)
