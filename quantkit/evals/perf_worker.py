@@ -56,7 +56,7 @@ class _HF:
         with torch.inference_mode():
             self.sync()
             start = time.perf_counter()
-            out = model(input_ids=ids, use_cache=True)
+            out = model(input_ids=ids, use_cache=True, logits_to_keep=1)  # as a server would
             token = out.logits[:, -1].argmax(-1, keepdim=True)
             self.sync()
             first = time.perf_counter() - start
@@ -116,6 +116,14 @@ def measure(settings: dict[str, Any]) -> dict[str, Any]:
         import torch
 
         torch.set_num_threads(int(settings["threads"]))
+    # import the runtime's libraries first: their own memory is not the model's
+    if settings["runtime"] == "llamacpp":
+        import llama_cpp  # noqa: F401
+    else:
+        import torch
+        import transformers  # noqa: F401
+
+        from quantkit.runtimes import hf  # noqa: F401
     before = _rss()
     start = time.perf_counter()
     if settings["runtime"] == "llamacpp":
@@ -123,8 +131,8 @@ def measure(settings: dict[str, Any]) -> dict[str, Any]:
     else:
         model = _HF(path, device)
     load_s = time.perf_counter() - start
+    model.generate([_prompt(model.vocab, 16)], 4)  # warm-up; also pages in mmap-loaded weights
     loaded = _rss()
-    model.generate([_prompt(model.vocab, 16)], 4)  # warm-up
     prefill: dict[str, float] = {}
     ttft: dict[str, float] = {}
     decode: list[float] = []
