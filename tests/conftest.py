@@ -37,24 +37,37 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return make_tiny_llama(tmp_path_factory.mktemp("tiny") / "tiny-llama")
 
 
-@pytest.fixture
-def tiny_recipe(tmp_path: Path, tiny_model: Path) -> Path:
-    """A small FP8-dynamic recipe on the tiny model."""
-    path = tmp_path / "tiny.yaml"
+# Small enough for a 2-core CI machine; shared by the SmolLM2 end-to-end modules so their runs
+# use the same calibration and eval tokens.
+E2E_BUDGET = [
+    "--set", "eval.num_windows=8", "--set", "eval.seq_len=256",
+    "--set", "calibration.num_samples=8", "--set", "calibration.seq_len=256", "--device", "cpu",
+]  # fmt: skip
+
+
+def write_tiny_recipe(folder: Path, model: Path, num_windows: int = 4, batch_size: int = 2) -> Path:
+    """Write a small FP8-dynamic recipe on ``model`` (recipe gate: max_kld 1.0) into ``folder``."""
+    path = folder / "tiny.yaml"
     path.write_text(
         f"""
 name: tiny-fp8
 method: fp8
 options: {{scheme: FP8_DYNAMIC}}
-model: {tiny_model}
+model: {model}
 device: cpu
 calibration: {{num_samples: 4, seq_len: 64}}
-eval: {{num_windows: 4, seq_len: 64, top_k: 8, batch_size: 2}}
+eval: {{num_windows: {num_windows}, seq_len: 64, top_k: 8, batch_size: {batch_size}}}
 gates: {{max_kld: 1.0}}
 """,
         encoding="utf-8",
     )
     return path
+
+
+@pytest.fixture
+def tiny_recipe(tmp_path: Path, tiny_model: Path) -> Path:
+    """A small FP8-dynamic recipe on the tiny model."""
+    return write_tiny_recipe(tmp_path, tiny_model)
 
 
 CHROMIUM = Path("/usr/bin/chromium")

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import write_tiny_recipe
 
 from quantkit.cli import main
 
@@ -27,19 +28,7 @@ def base_run(
 ) -> Iterator[Path]:
     """One FP8-dynamic run of the tiny model (its recipe gates: max_kld 1.0)."""
     folder = tmp_path_factory.mktemp("gate-cli")
-    recipe = folder / "tiny.yaml"
-    recipe.write_text(
-        f"""
-name: tiny-fp8
-method: fp8
-options: {{scheme: FP8_DYNAMIC}}
-model: {tiny_model}
-device: cpu
-eval: {{num_windows: 6, seq_len: 64, top_k: 8, batch_size: 3}}
-gates: {{max_kld: 1.0}}
-""",
-        encoding="utf-8",
-    )
+    recipe = write_tiny_recipe(folder, tiny_model, num_windows=6, batch_size=3)
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("QUANTKIT_CACHE", str(session_cache))
         patch.setenv("QUANTKIT_NO_BENCH", "1")

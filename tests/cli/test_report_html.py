@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import run_chromium
+from conftest import run_chromium, write_tiny_recipe
 
 from quantkit.cli import main
 from quantkit.report import plots, render, table
@@ -174,19 +174,7 @@ def test_html_is_self_contained_and_escaped() -> None:
 def two_runs(tmp_path_factory: pytest.TempPathFactory, tiny_model: Path, session_cache: Path) -> list[Path]:
     """Two quantized runs of the tiny model (FP8 dynamic and FP8 block), made once for this module."""
     folder = tmp_path_factory.mktemp("html-runs")
-    recipe = folder / "tiny.yaml"
-    recipe.write_text(
-        f"""
-name: tiny-fp8
-method: fp8
-options: {{scheme: FP8_DYNAMIC}}
-model: {tiny_model}
-device: cpu
-calibration: {{num_samples: 4, seq_len: 64}}
-eval: {{num_windows: 4, seq_len: 64, top_k: 8, batch_size: 2}}
-""",
-        encoding="utf-8",
-    )
+    recipe = write_tiny_recipe(folder, tiny_model)
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("QUANTKIT_CACHE", str(session_cache))
         patch.setenv("QUANTKIT_RUNS_DIR", str(folder / "runs"))

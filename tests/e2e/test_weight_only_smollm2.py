@@ -9,16 +9,11 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import E2E_BUDGET
 
 from quantkit.cli import main
 
 pytestmark = pytest.mark.slow
-
-# Same calibration and eval text for every recipe; small enough for a 2-core CI machine.
-BUDGET = [
-    "--set", "eval.num_windows=8", "--set", "eval.seq_len=256",
-    "--set", "calibration.num_samples=8", "--set", "calibration.seq_len=256", "--device", "cpu",
-]  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -34,7 +29,7 @@ def runs(session_cache: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[
     manifests = {}
     for name, args in plan.items():
         out = root / name
-        assert main(["quantize", args[0], "--out", str(out), *BUDGET, *args[1:]]) in (0, 1)
+        assert main(["quantize", args[0], "--out", str(out), *E2E_BUDGET, *args[1:]]) in (0, 1)
         manifests[name] = json.loads((out / "manifest.json").read_text()) | {"_path": str(out)}
     return manifests
 
