@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -10,11 +11,25 @@ from typing import Any
 
 from quantkit import __version__
 from quantkit.backends.base import Artifact, QuantizeJob
+from quantkit.errors import OutputError
+from quantkit.faults import failpoint
 from quantkit.gate import GateResult, evaluate_gate
+from quantkit.journal import Journal, fingerprint_digest
 from quantkit.progress import Reporter, library_bars_hidden, quiet_libraries
 from quantkit.recipe import Recipe
 from quantkit.registry import get_backend
-from quantkit.store import MANIFEST, MANIFEST_SCHEMA, RunRecord, RunWriter, check_output, new_run_id
+from quantkit.store import (
+    MANIFEST,
+    MANIFEST_SCHEMA,
+    RunRecord,
+    RunWriter,
+    check_output,
+    final_dir_of,
+    find_resumable,
+    is_locked,
+    new_run_id,
+    partial_dir,
+)
 
 
 @dataclass
@@ -30,6 +45,7 @@ class QuantizeRequest:
     trust_remote_code: bool = False
     verbose: bool = False
     bench: bool | None = None  # None: the recipe's bench.enabled, unless QUANTKIT_NO_BENCH is set
+    restart: bool = False  # discard an interrupted run of the same command instead of resuming it
 
 
 @dataclass
@@ -57,17 +73,28 @@ def _config(path: Path) -> dict[str, Any]:
 
 
 def _reference(
-    source: Any, windows: Any, recipe: Recipe, device: str, reporter: Reporter, timer: _Timer
+    source: Any,
+    windows: Any,
+    recipe: Recipe,
+    device: str,
+    journal: Journal,
+    reporter: Reporter,
+    timer: _Timer,
 ) -> tuple[Any, bool]:
     """Load the cached baseline reference or compute it once with the baseline model."""
     from quantkit.evals import reference as ref
     from quantkit.runtimes.hf import HFRuntime
 
     key = ref.reference_key(source.fingerprint(), windows, recipe.eval.top_k, device)
-    cached = ref.load_cached(key)
+    recorded = "reference" in journal.stages
+    verified = journal.completed("reference") is not None  # False: the cached file changed
+    cached = ref.load_cached(key) if verified or not recorded else None
     if cached is not None:
         reporter.log(f"baseline reference: cached ({key[:12]})")
+        if not verified:
+            journal.complete("reference", {"key": key}, [ref.cache_path(key)])
         return cached, True
+    failpoint("before.reference")
     start = time.perf_counter()
     with reporter.stage("baseline reference", total=len(windows.ids)) as advance:
         runtime = HFRuntime(source.path, device, trust_remote_code=False)
@@ -75,7 +102,7 @@ def _reference(
             runtime.log_probs, windows, recipe.eval.top_k, recipe.eval.batch_size, key, advance
         )
         runtime.close()
-    ref.save(reference)
+    journal.complete("reference", {"key": key}, [ref.save(reference)])
     timer.measure("reference_s", start)
     return reference, False
 
@@ -91,7 +118,6 @@ def _run_quantize(request: QuantizeRequest, reporter: Reporter | None) -> RunRes
     from quantkit.device import resolve_device
     from quantkit.environment import environment
     from quantkit.models import folder_bytes, resolve_model
-    from quantkit.paths import runs_dir
 
     reporter = reporter or Reporter()
     recipe = request.recipe
@@ -116,8 +142,13 @@ def _run_quantize(request: QuantizeRequest, reporter: Reporter | None) -> RunRes
     from quantkit.plan import check_quantization_fits, count_parameters
 
     check_quantization_fits(count_parameters(source.path) * (4 if device == "cpu" else 2), device)
-    run_id = new_run_id(recipe.name)
-    final_dir = request.out or (request.runs_dir or runs_dir()) / run_id
+    identity = {
+        "recipe": recipe.model_dump(mode="json"),
+        "model": model_spec,
+        "device": device,
+        "out": None if request.out is None else str(request.out.resolve()),
+    }
+    final_dir = _final_dir(request, identity)
     # the artifact is never larger than the source weights; 10% on top for tokenizer, reports
     check_output(
         final_dir, request.overwrite, protected=[source.path], required_bytes=int(1.1 * source.disk_bytes())
@@ -133,35 +164,61 @@ def _run_quantize(request: QuantizeRequest, reporter: Reporter | None) -> RunRes
         with reporter.stage("tokenizing calibration text"):
             calibration = calibration_windows(recipe.calibration, tokenizer)
 
+    if request.restart and partial_dir(final_dir).is_dir():
+        if is_locked(partial_dir(final_dir)):
+            raise OutputError(f"another quantkit process is writing '{final_dir}'", "wait for it to finish")
+        shutil.rmtree(partial_dir(final_dir))
     writer = RunWriter(final_dir, overwrite=request.overwrite)
     try:
-        reference, reference_cached = _reference(source, windows, recipe, device, reporter, timer)
+        journal = writer.open_journal(identity, _fingerprint(identity, source, device, calibration, windows))
+    except BaseException:
+        writer.release()  # an earlier run's kept stages are left exactly as they were
+        raise
+    try:
+        if journal.stages:
+            reporter.log(f"resuming {final_dir.name}: {', '.join(journal.stages)} done before")
+        reference, reference_cached = _reference(source, windows, recipe, device, journal, reporter, timer)
         artifact = _quantize(
-            backend_cls, options, source, writer, device, recipe, calibration, request, reporter, timer
+            backend_cls,
+            options,
+            source,
+            writer,
+            journal,
+            device,
+            recipe,
+            calibration,
+            request,
+            reporter,
+            timer,
         )
-        metrics, window_scores = _evaluate(artifact, windows, reference, recipe, device, reporter, timer)
+        metrics, window_scores = _evaluate(
+            artifact, windows, reference, recipe, device, journal, reporter, timer
+        )
         from quantkit.evals.quality import baseline_metrics, with_info
 
         base_metrics = baseline_metrics(reference)
         lm_eval_section = None
         if recipe.evals:
-            lm_eval_section, recovered = _lm_eval(source, artifact, device, recipe, writer, reporter, timer)
+            lm_eval_section, recovered = _lm_eval(
+                source, artifact, device, recipe, writer, journal, reporter, timer
+            )
             metrics |= recovered
         bench_section = None
         if _bench_enabled(request):
             bench_section, base_bench, quant_bench = _bench(
-                source.path, artifact, device, recipe, reporter, timer
+                source.path, artifact, device, recipe, journal, reporter, timer
             )
             base_metrics |= base_bench
             metrics |= quant_bench
 
+        failpoint("before.manifest")
         gate = None if recipe.gates.is_empty() else evaluate_gate(recipe.gates, dict(metrics), window_scores)
         timer.timings["total_s"] = round(time.perf_counter() - total_start, 3)
         artifact_bytes = folder_bytes(artifact.path)
         manifest: dict[str, Any] = {
             "schema_version": MANIFEST_SCHEMA,
             "status": "complete",
-            "run_id": final_dir.name if request.out else run_id,
+            "run_id": final_dir.name,
             "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
             "quantkit_version": __version__,
             "recipe": recipe.model_dump(mode="json"),
@@ -206,6 +263,12 @@ def _run_quantize(request: QuantizeRequest, reporter: Reporter | None) -> RunRes
             "bench": bench_section,
             "lm_eval": lm_eval_section,
             "timings": timer.timings,
+            "stages": journal.checksums(),
+            "resume": {
+                "fingerprint_sha256": fingerprint_digest(journal.fingerprint),
+                "fingerprint": journal.fingerprint,
+                "resumed_stages": journal.resumed,
+            },
             "environment": environment(device),
         }
         writer.write_text("recipe.yaml", recipe.to_yaml())
@@ -214,9 +277,57 @@ def _run_quantize(request: QuantizeRequest, reporter: Reporter | None) -> RunRes
         _write_reports(writer, manifest)
         path = writer.commit()
     except BaseException:
-        writer.abort()
+        if journal.holds_work():
+            writer.release()
+            reporter.log(
+                f"kept the completed stages in {writer.tmp_dir}: run the same command again to resume"
+            )
+        else:
+            writer.abort()
         raise
     return RunResult(record=RunRecord(path=path, manifest=manifest), gate=gate, timings=timer.timings)
+
+
+def _final_dir(request: QuantizeRequest, identity: dict[str, Any]) -> Path:
+    """``--out``, or the run folder of an interrupted run of the same command, or a new id."""
+    from quantkit.paths import runs_dir
+
+    if request.out is not None:
+        return request.out
+    folder = request.runs_dir or runs_dir()
+    resumable = None if request.restart else find_resumable(folder, identity)
+    if resumable is not None:
+        return final_dir_of(resumable)
+    return folder / new_run_id(request.recipe.name)
+
+
+def _fingerprint(
+    identity: dict[str, Any], source: Any, device: str, calibration: Any, windows: Any
+) -> dict[str, Any]:
+    """Everything a resumed run must share with the interrupted one."""
+    from importlib import metadata
+
+    from quantkit.environment import library_versions
+
+    libraries = library_versions()
+    for name in ("llama-cpp-python", "lm-eval"):
+        try:
+            libraries[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            libraries[name] = None
+    return {
+        "quantkit": __version__,
+        "recipe": identity["recipe"],
+        "model": source.fingerprint(),
+        "device": device,
+        "calibration_hash": None if calibration is None else calibration.hash,
+        "eval_hash": windows.hash,
+        "libraries": libraries,
+    }
+
+
+def _files(folder: Path) -> list[Path]:
+    return sorted(p for p in folder.rglob("*") if p.is_file()) if folder.is_dir() else []
 
 
 def _quantize(
@@ -224,6 +335,7 @@ def _quantize(
     options: Any,
     source: Any,
     writer: RunWriter,
+    journal: Journal,
     device: str,
     recipe: Recipe,
     calibration: Any,
@@ -231,16 +343,25 @@ def _quantize(
     reporter: Reporter,
     timer: _Timer,
 ) -> Artifact:
+    """The artifact: verified from an earlier attempt, or made from scratch."""
+    done = journal.completed("quantize")
+    if done is not None:
+        reporter.log(f"quantization: resumed ({len(journal.stages['quantize']['files'])} files verified)")
+        timer.timings["quantize_s"] = done["seconds"]
+        return Artifact(path=writer.artifact_dir, **done["artifact"])
+    shutil.rmtree(writer.artifact_dir, ignore_errors=True)  # never build on a half-written one
+    failpoint("before.quantize")
     start = time.perf_counter()
     layers = _config(source.path).get("num_hidden_layers")
     total = int(layers) if isinstance(layers, int) and layers > 0 else None
     with reporter.stage(f"quantizing with {recipe.method}", total=total) as advance:
-        done = [0]
+        progress = [0]
 
         def on_layer(index: int) -> None:  # layer `index` started: the ones before it are done
-            if total and index > done[0]:
-                advance(min(index, total) - done[0])
-                done[0] = min(index, total)
+            failpoint("quantize.layer", index)
+            if total and index > progress[0]:
+                advance(min(index, total) - progress[0])
+                progress[0] = min(index, total)
 
         job = QuantizeJob(
             model_path=source.path,
@@ -256,9 +377,19 @@ def _quantize(
         )
         artifact: Artifact = backend_cls().quantize(job)
         if total:
-            advance(total - done[0])
+            advance(total - progress[0])
         (artifact.path / "quantkit-recipe.yaml").write_text(recipe.to_yaml(), encoding="utf-8")
     timer.measure("quantize_s", start)
+    described = {
+        "format": artifact.format,
+        "runtime": artifact.runtime,
+        "scheme": artifact.scheme,
+        "weight_bits": artifact.weight_bits,
+        "details": artifact.details,
+    }
+    journal.complete(
+        "quantize", {"artifact": described, "seconds": timer.timings["quantize_s"]}, _files(artifact.path)
+    )
     return artifact
 
 
@@ -268,19 +399,30 @@ def _evaluate(
     reference: Any,
     recipe: Recipe,
     device: str,
+    journal: Journal,
     reporter: Reporter,
     timer: _Timer,
 ) -> tuple[dict[str, float], dict[str, Any]]:
     from quantkit.evals.quality import baseline_metrics, per_window, score, summarize
     from quantkit.runtimes import open_runtime
 
+    done = journal.completed("evaluate")
+    if done is not None:
+        timer.timings["eval_s"] = done["seconds"]
+        return done["metrics"], done["window_scores"]
+    failpoint("before.evaluate")
     start = time.perf_counter()
     with reporter.stage("evaluating the artifact", total=len(windows.ids)) as advance:
         runtime = open_runtime(artifact.runtime, artifact.path, device, context_length=windows.seq_len)
         scores = score(runtime.log_probs, windows, reference, recipe.eval.batch_size, advance)
         runtime.close()
     timer.measure("eval_s", start)
-    return summarize(scores, baseline_metrics(reference)["ppl"]), per_window(scores, reference)
+    metrics = summarize(scores, baseline_metrics(reference)["ppl"])
+    window_scores = per_window(scores, reference)
+    journal.complete(
+        "evaluate", {"metrics": metrics, "window_scores": window_scores, "seconds": timer.timings["eval_s"]}
+    )
+    return metrics, window_scores
 
 
 def _lm_eval(
@@ -289,12 +431,20 @@ def _lm_eval(
     device: str,
     recipe: Recipe,
     writer: RunWriter,
+    journal: Journal,
     reporter: Reporter,
     timer: _Timer,
 ) -> tuple[list[dict[str, Any]], dict[str, float]]:
     """lm-eval tasks on the baseline (cached) and the artifact; average recovery as a metric."""
     from quantkit.evals import lm_eval_runner as runner
 
+    samples = writer.tmp_dir / "lm_eval"
+    done = journal.completed("lm_eval")
+    if done is not None:
+        timer.timings["lm_eval_s"] = done["seconds"]
+        return done["sections"], done["metrics"]
+    shutil.rmtree(samples, ignore_errors=True)
+    failpoint("before.lm_eval")
     start = time.perf_counter()
     sections: list[dict[str, Any]] = []
     recovered: dict[str, float] = {}
@@ -304,7 +454,6 @@ def _lm_eval(
         with reporter.stage(f"lm-eval {', '.join(spec.tasks)}: baseline"):
             base, cached = runner.baseline(source.path, source.fingerprint(), spec, manager, device)
         with reporter.stage(f"lm-eval {', '.join(spec.tasks)}: artifact"):
-            samples = writer.tmp_dir / "lm_eval"
             quant = runner.evaluate(artifact.runtime, artifact.path, spec, manager, device, samples)
         recovered |= runner.recovery(base, quant)
         sections.append(
@@ -319,6 +468,11 @@ def _lm_eval(
     metrics = {f"task_recovery_pct:{task}": value for task, value in recovered.items()}
     if recovered:
         metrics["task_recovery_pct"] = sum(recovered.values()) / len(recovered)
+    journal.complete(
+        "lm_eval",
+        {"sections": sections, "metrics": metrics, "seconds": timer.timings["lm_eval_s"]},
+        _files(samples),
+    )
     return sections, metrics
 
 
@@ -331,12 +485,24 @@ def _bench_enabled(request: QuantizeRequest) -> bool:
 
 
 def _bench(
-    model_path: Path, artifact: Artifact, device: str, recipe: Recipe, reporter: Reporter, timer: _Timer
+    model_path: Path,
+    artifact: Artifact,
+    device: str,
+    recipe: Recipe,
+    journal: Journal,
+    reporter: Reporter,
+    timer: _Timer,
 ) -> tuple[dict[str, Any], dict[str, float], dict[str, float]]:
-    """Speed and memory of baseline and artifact; a failure is recorded, not fatal."""
+    """Speed and memory of baseline and artifact; a failure is recorded, not fatal (and is
+    retried by a resume)."""
     from quantkit.errors import QuantkitError
     from quantkit.evals import perf
 
+    done = journal.completed("bench")
+    if done is not None:
+        timer.timings["bench_s"] = done["seconds"]
+        return done["section"], done["baseline"], done["artifact"]
+    failpoint("before.bench")
     start = time.perf_counter()
     with reporter.stage("benchmarking speed and memory (baseline, artifact)"):
         try:
@@ -346,6 +512,10 @@ def _bench(
             return {"error": err.message}, {}, {}
     timer.measure("bench_s", start)
     base, quant = perf.metrics_from(section, recipe.bench)
+    journal.complete(
+        "bench",
+        {"section": section, "baseline": base, "artifact": quant, "seconds": timer.timings["bench_s"]},
+    )
     return section, base, quant
 
 

@@ -5,13 +5,13 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from quantkit.errors import OutputError, RunNotFoundError
+from quantkit.journal import JOURNAL, Journal
 from quantkit.models import write_text_atomic
 
 MANIFEST = "manifest.json"
@@ -56,17 +56,76 @@ def check_output(final_dir: Path, overwrite: bool, protected: list[Path], requir
         )
 
 
+PARTIAL_SUFFIX = ".partial"
+LOCK_FILE = ".lock"
+
+
+def partial_dir(final_dir: Path) -> Path:
+    """The hidden sibling a run is built in: ``.NAME.partial``."""
+    return final_dir.with_name(f".{final_dir.name}{PARTIAL_SUFFIX}")
+
+
+def final_dir_of(partial: Path) -> Path:
+    """The run folder a ``.NAME.partial`` folder becomes when complete."""
+    return partial.with_name(partial.name[1 : -len(PARTIAL_SUFFIX)])
+
+
+def is_locked(folder: Path) -> bool:
+    """Whether a live quantkit process holds ``folder``'s lock."""
+    import fcntl
+
+    try:
+        handle = (folder / LOCK_FILE).open("rb")  # never created here: a live writer has one
+    except OSError:
+        return False
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        return True
+    finally:
+        handle.close()  # closing releases a lock taken here
+    return False
+
+
 class RunWriter:
-    """Writes a run into ``.<name>.partial-*`` beside ``final_dir``; ``commit`` renames it."""
+    """Builds a run in ``.NAME.partial`` beside ``final_dir`` under an exclusive lock.
+
+    The folder's journal records completed stages, so an interrupted run can be resumed;
+    ``commit`` renames the folder into place, ``suspend`` keeps it for a later resume and
+    ``abort`` removes it.
+    """
 
     def __init__(self, final_dir: Path, overwrite: bool = False) -> None:
+        import fcntl
+
         self.final_dir = final_dir
         self.overwrite = overwrite
-        self.tmp_dir = Path(tempfile.mkdtemp(dir=final_dir.parent, prefix=f".{final_dir.name}.partial-"))
+        self.tmp_dir = partial_dir(final_dir)
+        self.created = not self.tmp_dir.exists()
+        self.tmp_dir.mkdir(exist_ok=True)
+        self._lock = (self.tmp_dir / LOCK_FILE).open("a+")
+        try:
+            fcntl.flock(self._lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            self._lock.close()
+            raise OutputError(
+                f"another quantkit process is writing '{final_dir}'",
+                "wait for it to finish, or pick another --out",
+            ) from None
+        self._lock.seek(0)
+        self._lock.truncate()
+        self._lock.write(f"{os.getpid()}\n")
+        self._lock.flush()
+        self.journal: Journal | None = None
 
     @property
     def artifact_dir(self) -> Path:
         return self.tmp_dir / "artifact"
+
+    def open_journal(self, identity: dict[str, Any], fingerprint: dict[str, Any]) -> Journal:
+        """The run's journal (resumed when the folder holds one with the same fingerprint)."""
+        self.journal = Journal.open(self.tmp_dir, identity, fingerprint)
+        return self.journal
 
     def write_json(self, name: str, data: Any) -> Path:
         path = self.tmp_dir / name
@@ -88,13 +147,24 @@ class RunWriter:
                 )
             old = self.final_dir.with_name(f".{self.final_dir.name}.old-{os.getpid()}")
             os.replace(self.final_dir, old)
+        (self.tmp_dir / JOURNAL).unlink(missing_ok=True)  # its checksums are in the manifest
+        (self.tmp_dir / LOCK_FILE).unlink(missing_ok=True)
         os.replace(self.tmp_dir, self.final_dir)
+        self._lock.close()
         if old is not None:
             shutil.rmtree(old, ignore_errors=True)
         return self.final_dir
 
+    def release(self) -> None:
+        """Release the lock; keep the partial folder for a later resume (or remove it if this
+        writer created it and nothing was recorded in it)."""
+        if self.created and (self.journal is None or not self.journal.stages):
+            shutil.rmtree(self.tmp_dir, ignore_errors=True)
+        self._lock.close()
+
     def abort(self) -> None:
         shutil.rmtree(self.tmp_dir, ignore_errors=True)
+        self._lock.close()
 
 
 @dataclass
@@ -130,3 +200,19 @@ def load_run(path: Path) -> RunRecord:
     if not isinstance(manifest, dict) or manifest.get("status") != "complete":
         raise RunNotFoundError(f"'{path}' is not a complete quantkit run", "run quantize again")
     return RunRecord(path=path, manifest=manifest)
+
+
+def find_resumable(folder: Path, identity: dict[str, Any]) -> Path | None:
+    """The newest ``.NAME.partial`` in ``folder`` left by the same command (``identity``) and
+    not held by a live process; its run folder is ``final_dir_of`` it."""
+    if not folder.is_dir():
+        return None
+    candidates = sorted(
+        (p for p in folder.iterdir() if p.name.startswith(".") and p.name.endswith(PARTIAL_SUFFIX)),
+        reverse=True,
+    )
+    for candidate in candidates:
+        journal = Journal.read(candidate) if candidate.is_dir() else None
+        if journal is not None and journal.get("identity") == identity and not is_locked(candidate):
+            return candidate
+    return None

@@ -14,6 +14,7 @@ from pydantic import Field
 
 from quantkit.backends.base import Artifact, Backend, BackendOptions, QuantizeJob
 from quantkit.errors import BackendError, RecipeError
+from quantkit.faults import failpoint
 from quantkit.progress import native_stderr_captured
 
 GGUFType = Literal[
@@ -193,6 +194,7 @@ def _llama_quantize(
             raise BackendError(
                 f"llama.cpp could not quantize to {type_name} (status {status})", "rerun with --verbose"
             )
+        failpoint("save.gguf")
         os.replace(partial, target)
     finally:
         partial.unlink(missing_ok=True)

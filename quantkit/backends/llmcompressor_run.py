@@ -9,6 +9,7 @@ from contextlib import contextmanager, suppress
 from typing import TYPE_CHECKING, Any
 
 from quantkit.errors import BackendError, MissingDependencyError
+from quantkit.faults import failpoint
 
 if TYPE_CHECKING:
     from quantkit.backends.base import QuantizeJob
@@ -155,6 +156,7 @@ def run_oneshot(job: QuantizeJob, recipe: Any, calibration: TokenWindows | None)
             ) from err
     job.log("saving the compressed-tensors checkpoint")
     model.save_pretrained(job.out_dir, save_compressed=True)
+    failpoint("save.weights")  # weights written, tokenizer not yet: a crash mid-save
     tokenizer.save_pretrained(job.out_dir)
     return {
         "library": "llmcompressor",

@@ -44,6 +44,12 @@ def root(
     """quantkit command line."""
 
 
+INTERRUPTED_HINT = (
+    "run the same command again to resume from the last completed stage "
+    "(quantkit runs clean removes what was kept)"
+)
+
+
 def _fail(message: str, hint: str, code: int) -> int:
     """Print an error as one line plus a hint (plain text: robust even mid-progress-bar)."""
     first_line = message.strip().splitlines()[0] if message.strip() else "failed"
@@ -61,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
         result = app(args=argv, standalone_mode=False)
         code = int(result) if isinstance(result, int) else 0
         if code == 130:  # typer turns Ctrl-C into exit code 130
-            return _fail("interrupted", "nothing partial was kept; run the command again", 130)
+            return _fail("interrupted", INTERRUPTED_HINT, 130)
         return code
     except QuantkitError as err:
         if debug:
@@ -70,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
     except typer.Exit as err:
         return int(err.exit_code)
     except (KeyboardInterrupt, typer.Abort):
-        return _fail("interrupted", "nothing partial was kept; run the command again", 130)
+        return _fail("interrupted", INTERRUPTED_HINT, 130)
     except Exception as err:
         if _is_usage_error(err):  # typer's (vendored click) usage errors: bad flag, command...
             message = err.format_message()  # type: ignore[attr-defined]

@@ -26,6 +26,9 @@ def quantize(
     bench: bool | None = typer.Option(
         None, "--bench/--no-bench", help="measure speed and memory (default: the recipe's bench.enabled)"
     ),
+    restart: bool = typer.Option(
+        False, "--restart", help="discard an interrupted run of this command instead of resuming it"
+    ),
     output_format: OutputFormat = FormatOption,
 ) -> None:
     """Quantize a model from a recipe, evaluate it against the baseline and store the run."""
@@ -48,6 +51,7 @@ def quantize(
         trust_remote_code=trust_remote_code,
         verbose=verbose,
         bench=bench,
+        restart=restart,
     )
     result = run_quantize(request, RichReporter() if human else None)
     comparison = table.build([result.record])

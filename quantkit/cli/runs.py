@@ -24,10 +24,28 @@ def _folder(directory: Path | None) -> Path:
 
 
 def _leftovers(folder: Path) -> list[Path]:
-    """Hidden folders of interrupted runs (``.NAME.partial-*``) and replaced ones (``.NAME.old-*``)."""
+    """Hidden folders of interrupted runs (``.NAME.partial``) and replaced ones (``.NAME.old-*``)."""
     if not folder.is_dir():
         return []
-    return sorted(p for p in folder.iterdir() if p.is_dir() and (".partial-" in p.name or ".old-" in p.name))
+    return sorted(
+        p
+        for p in folder.iterdir()
+        if p.is_dir() and p.name.startswith(".") and (".partial" in p.name or ".old-" in p.name)
+    )
+
+
+def _interrupted(path: Path) -> dict[str, Any]:
+    """What an interrupted run kept: its completed stages, and whether a process holds it."""
+    from quantkit.journal import Journal
+    from quantkit.store import is_locked
+
+    journal = Journal.read(path) or {}
+    return {
+        "folder": path.name,
+        "stages": list(journal.get("stages", {})),
+        "recipe": journal.get("identity", {}).get("recipe", {}).get("name"),
+        "running": is_locked(path),
+    }
 
 
 def _summary(path: Path) -> dict[str, Any]:
@@ -64,7 +82,7 @@ def list_runs(directory: Path | None = DirOption, output_format: OutputFormat = 
         else []
     )
     rows = [_summary(path) for path in runs]
-    leftovers = [p.name for p in _leftovers(folder)]
+    leftovers = [_interrupted(p) for p in _leftovers(folder)]
     if output_format == OutputFormat.json:
         emit_json({"runs": rows, "leftovers": leftovers})
         return
@@ -83,8 +101,14 @@ def list_runs(directory: Path | None = DirOption, output_format: OutputFormat = 
             row.get("gate") or "",
         )
     stdout.print(table)
-    if leftovers:
-        stderr.print(f"{len(leftovers)} leftover(s) of interrupted runs: `quantkit runs clean` removes them")
+    for item in leftovers:
+        state = "running" if item["running"] else "interrupted"
+        stages = ", ".join(item["stages"]) or "no stage"
+        stderr.print(f"{item['folder']}: {state}, {stages} completed")
+    if any(not item["running"] for item in leftovers):
+        stderr.print(
+            "rerun the same quantize command to resume an interrupted run; `quantkit runs clean` removes them"
+        )
 
 
 @app.command("show")
@@ -111,10 +135,15 @@ def clean(
     ),
     dry_run: bool = typer.Option(False, "--dry-run", help="only list what would be removed"),
 ) -> None:
-    """Remove leftovers of interrupted or replaced runs (never a complete run)."""
+    """Remove leftovers of interrupted or replaced runs (never a complete or running one)."""
+    from quantkit.store import is_locked
+
     now = time.time()
     removed = 0
     for path in _leftovers(_folder(directory)):
+        if is_locked(path):
+            stderr.print(f"kept {path.name} (a quantkit process is writing it)")
+            continue
         if now - path.stat().st_mtime < older_than * 60:
             stderr.print(f"kept {path.name} (younger than {older_than:g} min: maybe still running)")
             continue

@@ -41,7 +41,7 @@ def reference_key(model_fingerprint: str, windows: TokenWindows, top_k: int, dev
     return hashlib.sha256("|".join(parts).encode()).hexdigest()[:32]
 
 
-def _path(key: str) -> Path:
+def cache_path(key: str) -> Path:
     return cache_dir() / "references" / f"{key}.npz"
 
 
@@ -49,7 +49,7 @@ def load_cached(key: str) -> Reference | None:
     """The cached reference for ``key``, or None when absent or unreadable."""
     import numpy as np
 
-    path = _path(key)
+    path = cache_path(key)
     if not path.is_file():
         return None
     try:
@@ -69,7 +69,7 @@ def save(reference: Reference) -> Path:
     """Write the reference atomically into the cache."""
     import numpy as np
 
-    path = _path(reference.key)
+    path = cache_path(reference.key)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.stem}.", suffix=".npz")
     try:

@@ -22,7 +22,11 @@ def test_runs_list_show_and_clean(tiny_recipe: Path, tmp_path: Path, capsys) -> 
     assert main(["runs", "list", "--format", "json"]) == 0
     listing = json.loads(capsys.readouterr().out)
     assert [row["status"] for row in listing["runs"]] == ["complete"]
-    assert sorted(listing["leftovers"]) == [".dead.partial-abc", ".dead.partial-old"]
+    assert sorted(item["folder"] for item in listing["leftovers"]) == [
+        ".dead.partial-abc",
+        ".dead.partial-old",
+    ]
+    assert not any(item["running"] for item in listing["leftovers"])
     run = runs / listing["runs"][0]["run"]
     assert main(["runs", "show", str(run), "--format", "json"]) == 0
     assert json.loads(capsys.readouterr().out)["status"] == "complete"
@@ -38,7 +42,7 @@ def test_full_disk_is_refused_before_any_work(tiny_recipe: Path, tmp_path: Path,
     out = tmp_path / "out"
     assert main(["quantize", str(tiny_recipe), "--out", str(out)]) == 2
     assert "not enough disk space" in capsys.readouterr().err
-    assert not out.exists() and list(tmp_path.glob(".out.partial-*")) == []
+    assert not out.exists() and list(tmp_path.glob(".out.partial*")) == []
 
 
 def test_same_recipe_and_seed_give_identical_artifacts_and_metrics(tiny_recipe: Path, tmp_path: Path) -> None:

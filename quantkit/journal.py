@@ -1,0 +1,182 @@
+"""A run's progress, stage by stage: what completed, its results, and checksums of its files.
+
+The journal lives in the run's hidden ``.NAME.partial`` folder as ``progress.json``. It is
+rewritten atomically (and fsynced) after each stage, so after a crash it names exactly the
+stages whose outputs were complete. A resumed run trusts a stage only if every file it
+recorded still has the recorded size and sha256; otherwise the stage is redone from scratch.
+The fingerprint (model, recipe, calibration and eval tokens, library versions, device) guards
+resume: a journal written for anything else is refused, never mixed in.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from quantkit.errors import OutputError
+
+JOURNAL = "progress.json"
+JOURNAL_SCHEMA = 1
+STAGES = ("reference", "quantize", "evaluate", "lm_eval", "bench")
+RUN_STAGES = frozenset(STAGES[1:])
+
+
+def file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        for block in iter(lambda: handle.read(1 << 22), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def fingerprint_digest(parts: dict[str, Any]) -> str:
+    """sha256 of the canonical JSON of ``parts``."""
+    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def fingerprint_differences(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
+    """Human-readable names of what differs between two fingerprints (nested one level)."""
+    differences: list[str] = []
+    for key in sorted(set(old) | set(new)):
+        before, after = old.get(key), new.get(key)
+        if before == after:
+            continue
+        if isinstance(before, dict) and isinstance(after, dict):
+            for sub in sorted(set(before) | set(after)):
+                if before.get(sub) != after.get(sub):
+                    differences.append(f"{key}.{sub}: {before.get(sub)} -> {after.get(sub)}")
+        else:
+            differences.append(key)
+    return differences
+
+
+def write_json_durably(path: Path, data: Any) -> None:
+    """Write JSON to a temporary sibling, fsync it, rename it over ``path``, fsync the folder."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        with tmp.open("w", encoding="utf-8") as handle:
+            json.dump(data, handle, indent=1)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    folder = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(folder)
+    finally:
+        os.close(folder)
+
+
+class Journal:
+    """The completed stages of one run being built in ``folder``."""
+
+    def __init__(self, folder: Path, identity: dict[str, Any], fingerprint: dict[str, Any]) -> None:
+        self.folder = folder
+        self.identity = identity
+        self.fingerprint = fingerprint
+        self.stages: dict[str, dict[str, Any]] = {}
+        self.resumed: list[str] = []  # stages taken from an earlier attempt, verified
+
+    @property
+    def path(self) -> Path:
+        return self.folder / JOURNAL
+
+    @staticmethod
+    def read(folder: Path) -> dict[str, Any] | None:
+        """The raw journal in ``folder``, or None when absent or unreadable."""
+        try:
+            data = json.loads((folder / JOURNAL).read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return None
+        return data if isinstance(data, dict) and data.get("schema_version") == JOURNAL_SCHEMA else None
+
+    @classmethod
+    def open(cls, folder: Path, identity: dict[str, Any], fingerprint: dict[str, Any]) -> Journal:
+        """The journal for a fresh or resumed run; refuses one written for another fingerprint."""
+        journal = cls(folder, identity, fingerprint)
+        old = cls.read(folder)
+        if old is not None:
+            previous = old.get("fingerprint", {})
+            if fingerprint_digest(previous) != fingerprint_digest(fingerprint):
+                changed = fingerprint_differences(previous, fingerprint)
+                raise OutputError(
+                    f"the interrupted run in '{folder}' was made with a different "
+                    f"{', '.join(changed[:3]) or 'fingerprint'}; it cannot be resumed",
+                    "pass --restart to discard it and start over, or use another --out",
+                )
+            journal.stages = {k: v for k, v in old.get("stages", {}).items() if isinstance(v, dict)}
+        journal._write()
+        return journal
+
+    def _write(self) -> None:
+        write_json_durably(
+            self.path,
+            {
+                "schema_version": JOURNAL_SCHEMA,
+                "identity": self.identity,
+                "fingerprint": self.fingerprint,
+                "fingerprint_sha256": fingerprint_digest(self.fingerprint),
+                "stages": self.stages,
+            },
+        )
+
+    def _resolve(self, name: str) -> Path:
+        path = Path(name)
+        return path if path.is_absolute() else self.folder / path
+
+    def completed(self, stage: str) -> dict[str, Any] | None:
+        """The stage's recorded result if it completed and all its files verify, else None.
+
+        A stage that fails verification is forgotten, so the caller redoes it from scratch.
+        """
+        entry = self.stages.get(stage)
+        if entry is None:
+            return None
+        for name, expected in entry.get("files", {}).items():
+            path = self._resolve(name)
+            if (
+                not path.is_file()
+                or path.stat().st_size != expected["bytes"]
+                or file_sha256(path) != expected["sha256"]
+            ):
+                del self.stages[stage]
+                self._write()
+                return None
+        if stage not in self.resumed:
+            self.resumed.append(stage)
+        result: dict[str, Any] = entry.get("result", {})
+        return result
+
+    def complete(self, stage: str, result: dict[str, Any], files: list[Path] | None = None) -> None:
+        """Record ``stage`` as complete with its result and the checksums of ``files``."""
+        checksums: dict[str, dict[str, Any]] = {}
+        for path in sorted(files or []):
+            name = str(path.relative_to(self.folder)) if path.is_relative_to(self.folder) else str(path)
+            checksums[name] = {"bytes": path.stat().st_size, "sha256": file_sha256(path)}
+        for path in files or []:  # the data must be on disk before the journal says so
+            with path.open("rb") as handle:
+                os.fsync(handle.fileno())
+        self.stages[stage] = {
+            "completed": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "files": checksums,
+            "result": result,
+        }
+        self._write()
+
+    def holds_work(self) -> bool:
+        """Whether a stage whose output lives only in this run has completed (worth keeping);
+        the baseline reference lives in the shared cache and survives anyway."""
+        return any(stage in RUN_STAGES for stage in self.stages)
+
+    def checksums(self) -> dict[str, dict[str, Any]]:
+        """Per stage: completion time and file checksums (paths relative to the run)."""
+        return {
+            stage: {"completed": entry.get("completed"), "files": entry.get("files", {})}
+            for stage, entry in self.stages.items()
+        }
