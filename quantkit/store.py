@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from quantkit.errors import OutputError, RunNotFoundError
+from quantkit.errors import ArtifactError, OutputError, RunNotFoundError
 from quantkit.journal import JOURNAL, Journal
 from quantkit.models import write_text_atomic
 
@@ -199,7 +199,24 @@ def load_run(path: Path) -> RunRecord:
         raise RunNotFoundError(f"{manifest_path} is not valid JSON", "the run folder is damaged") from None
     if not isinstance(manifest, dict) or manifest.get("status") != "complete":
         raise RunNotFoundError(f"'{path}' is not a complete quantkit run", "run quantize again")
+    _check_recorded_sizes(path, manifest)
     return RunRecord(path=path, manifest=manifest)
+
+
+def _check_recorded_sizes(path: Path, manifest: dict[str, Any]) -> None:
+    """Refuse a run whose artifact files no longer have the sizes its manifest recorded (a
+    truncated copy, a half-synced folder). Sizes only: cheap enough for every command that
+    reads runs. (Later commands may add lm-eval samples; the artifact never changes.)"""
+    quantize_stage = (manifest.get("stages") or {}).get("quantize") or {}
+    for name, recorded in (quantize_stage.get("files") or {}).items():
+        file = path / name
+        actual = file.stat().st_size if file.is_file() else None
+        if actual != recorded.get("bytes"):
+            found = "is missing" if actual is None else f"has {actual} bytes"
+            raise ArtifactError(
+                f"run '{path}' is damaged: {name} {found}, the manifest recorded {recorded.get('bytes')}",
+                "copy the run folder again, or re-run quantize",
+            )
 
 
 def find_resumable(folder: Path, identity: dict[str, Any]) -> Path | None:

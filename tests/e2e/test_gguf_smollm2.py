@@ -185,3 +185,32 @@ def test_llama_cpp_lm_eval_adapter_matches_hf_log_likelihoods(runs: dict[str, di
     ):
         assert abs(ours - theirs) < 0.05
         assert greedy_ours == greedy_theirs
+
+
+def test_kill_while_saving_a_gguf_then_resume(runs: dict[str, dict], tmp_path: Path) -> None:
+    """SIGKILL after llama.cpp wrote the quantized file under its temporary name: the resumed
+    run removes the stray file and ends with the same file and metrics as the clean run."""
+    import hashlib
+    import signal
+    import subprocess
+    import sys
+
+    out = tmp_path / "run"
+    command = [sys.executable, "-m", "quantkit", "quantize", "gguf-q4_k_m", "--out", str(out), *E2E_BUDGET]
+    env = {**os.environ, "QUANTKIT_FAILPOINT": "save.gguf"}
+    killed = subprocess.run(command, capture_output=True, text=True, env=env, timeout=900)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
+    assert (tmp_path / ".run.partial" / "artifact" / ".model.gguf.partial").is_file()
+    env.pop("QUANTKIT_FAILPOINT")
+    resumed = subprocess.run(command, capture_output=True, text=True, env=env, timeout=900)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    clean = Path(runs["q4_k_m"]["_path"])
+    assert sorted(p.name for p in (out / "artifact").iterdir()) == sorted(
+        p.name for p in (clean / "artifact").iterdir()
+    )
+    digest = [
+        hashlib.sha256((run / "artifact" / "model.gguf").read_bytes()).hexdigest() for run in (out, clean)
+    ]
+    assert digest[0] == digest[1]
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["metrics"]["quantized"]["kld_mean"] == runs["q4_k_m"]["metrics"]["quantized"]["kld_mean"]
