@@ -21,7 +21,7 @@ from quantkit.errors import OutputError
 
 JOURNAL = "progress.json"
 JOURNAL_SCHEMA = 1
-STAGES = ("reference", "quantize", "evaluate", "lm_eval", "bench")
+STAGES = ("reference", "quantize", "evaluate", "lm_eval", "bench")  # lm_eval.N: one per entry
 RUN_STAGES = frozenset(STAGES[1:])
 
 
@@ -172,7 +172,7 @@ class Journal:
     def holds_work(self) -> bool:
         """Whether a stage whose output lives only in this run has completed (worth keeping);
         the baseline reference lives in the shared cache and survives anyway."""
-        return any(stage in RUN_STAGES for stage in self.stages)
+        return any(stage.split(".")[0] in RUN_STAGES for stage in self.stages)
 
     def checksums(self) -> dict[str, dict[str, Any]]:
         """Per stage: completion time and file checksums (paths relative to the run)."""

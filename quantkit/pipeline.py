@@ -435,44 +435,49 @@ def _lm_eval(
     reporter: Reporter,
     timer: _Timer,
 ) -> tuple[list[dict[str, Any]], dict[str, float]]:
-    """lm-eval tasks on the baseline (cached) and the artifact; average recovery as a metric."""
+    """lm-eval tasks on the baseline (cached) and the artifact; average recovery as a metric.
+    Each ``evals`` entry is its own stage (``lm_eval.N``), so a resume keeps finished ones."""
     from quantkit.evals import lm_eval_runner as runner
 
     samples = writer.tmp_dir / "lm_eval"
-    done = journal.completed("lm_eval")
-    if done is not None:
-        timer.timings["lm_eval_s"] = done["seconds"]
-        return done["sections"], done["metrics"]
-    shutil.rmtree(samples, ignore_errors=True)
-    failpoint("before.lm_eval")
-    start = time.perf_counter()
     sections: list[dict[str, Any]] = []
     recovered: dict[str, float] = {}
-    for entry in recipe.evals:
+    seconds = 0.0
+    for index, entry in enumerate(recipe.evals):
         spec = entry.lm_eval
-        manager = runner.check_tasks(spec.tasks)
-        with reporter.stage(f"lm-eval {', '.join(spec.tasks)}: baseline"):
-            base, cached = runner.baseline(source.path, source.fingerprint(), spec, manager, device)
-        with reporter.stage(f"lm-eval {', '.join(spec.tasks)}: artifact"):
-            quant = runner.evaluate(artifact.runtime, artifact.path, spec, manager, device, samples)
-        recovered |= runner.recovery(base, quant)
-        sections.append(
-            {
+        stage = f"lm_eval.{index}"
+        logs_dir = samples if index == 0 else samples / f"entry-{index}"
+        done = journal.completed(stage)
+        if done is None:
+            for task in spec.tasks:  # a half-written log of an interrupted attempt
+                (logs_dir / f"{task}.jsonl").unlink(missing_ok=True)
+            failpoint("before.lm_eval", index)
+            start = time.perf_counter()
+            manager = runner.check_tasks(spec.tasks)
+            with reporter.stage(f"lm-eval {', '.join(spec.tasks)}: baseline"):
+                base, cached = runner.baseline(source.path, source.fingerprint(), spec, manager, device)
+            with reporter.stage(f"lm-eval {', '.join(spec.tasks)}: artifact"):
+                quant = runner.evaluate(artifact.runtime, artifact.path, spec, manager, device, logs_dir)
+            section = {
                 "settings": spec.model_dump(mode="json"),
                 "baseline": base,
                 "baseline_cached": cached,
                 "artifact": quant,
             }
-        )
-    timer.measure("lm_eval_s", start)
+            done = {
+                "section": section,
+                "recovered": runner.recovery(base, quant),
+                "seconds": round(time.perf_counter() - start, 3),
+            }
+            logs = [logs_dir / f"{task}.jsonl" for task in spec.tasks]
+            journal.complete(stage, done, [log for log in logs if log.is_file()])
+        sections.append(done["section"])
+        recovered |= done["recovered"]
+        seconds += done["seconds"]
+    timer.timings["lm_eval_s"] = round(seconds, 3)
     metrics = {f"task_recovery_pct:{task}": value for task, value in recovered.items()}
     if recovered:
         metrics["task_recovery_pct"] = sum(recovered.values()) / len(recovered)
-    journal.complete(
-        "lm_eval",
-        {"sections": sections, "metrics": metrics, "seconds": timer.timings["lm_eval_s"]},
-        _files(samples),
-    )
     return sections, metrics
 
 

@@ -191,7 +191,8 @@ def load_run(path: Path) -> RunRecord:
     if not manifest_path.is_file():
         raise RunNotFoundError(
             f"'{path}' is not a complete quantkit run (no {MANIFEST})",
-            "runs interrupted before the end leave no manifest; run quantize again",
+            "an interrupted run resumes when the same quantize command is run again "
+            "(quantkit runs list shows interrupted runs)",
         )
     try:
         manifest = json.loads(manifest_path.read_text(encoding="utf-8"))

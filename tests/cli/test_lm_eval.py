@@ -79,3 +79,36 @@ def test_recovery_inverts_lower_is_better_metrics() -> None:
     base = {"a": {"value": 0.5, "higher_is_better": True}, "p": {"value": 10.0, "higher_is_better": False}}
     quant = {"a": {"value": 0.4, "higher_is_better": True}, "p": {"value": 12.5, "higher_is_better": False}}
     assert recovery(base, quant) == {"a": pytest.approx(80.0), "p": pytest.approx(80.0)}
+
+
+def test_each_lm_eval_entry_is_a_stage_a_resume_keeps(
+    tmp_path: Path, tiny_model: Path, capsys, monkeypatch
+) -> None:
+    from quantkit.evals import lm_eval_runner
+
+    path = recipe(tmp_path, tiny_model)
+    path.write_text(
+        path.read_text().replace(
+            "evals:\n", "evals:\n  - lm_eval: {tasks: [quantkit_cloze], limit: 4, batch_size: 4}\n"
+        )
+    )
+    real = lm_eval_runner.evaluate
+
+    def interrupted_on_the_second(runtime, model_path, spec, *args):
+        if spec.limit == 8:
+            raise KeyboardInterrupt
+        return real(runtime, model_path, spec, *args)
+
+    out = tmp_path / "run"
+    monkeypatch.setattr(lm_eval_runner, "evaluate", interrupted_on_the_second)
+    assert main(["quantize", str(path), "--out", str(out)]) == 130
+    progress = json.loads((tmp_path / ".run.partial" / "progress.json").read_text())
+    assert list(progress["stages"]) == ["reference", "quantize", "evaluate", "lm_eval.0"]
+    monkeypatch.setattr(lm_eval_runner, "evaluate", real)
+    assert main(["quantize", str(path), "--out", str(out)]) == 0
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert "lm_eval.0" in manifest["resume"]["resumed_stages"]
+    assert "lm_eval.1" not in manifest["resume"]["resumed_stages"]
+    assert [section["settings"]["limit"] for section in manifest["lm_eval"]] == [4, 8]
+    assert len((out / "lm_eval" / "quantkit_cloze.jsonl").read_text().splitlines()) == 4
+    assert len((out / "lm_eval" / "entry-1" / "quantkit_cloze.jsonl").read_text().splitlines()) == 8
