@@ -295,7 +295,7 @@ def _final_dir(request: QuantizeRequest, identity: dict[str, Any]) -> Path:
     if request.out is not None:
         return request.out
     folder = request.runs_dir or runs_dir()
-    resumable = None if request.restart else find_resumable(folder, identity)
+    resumable = find_resumable(folder, identity)  # with --restart it is discarded, id kept
     if resumable is not None:
         return final_dir_of(resumable)
     return folder / new_run_id(request.recipe.name)

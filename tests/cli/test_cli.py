@@ -213,6 +213,25 @@ def test_ctrl_c_after_quantization_keeps_the_stages_and_the_rerun_resumes(
     assert not partial.exists()
 
 
+def test_restart_discards_the_interrupted_run_of_the_same_command(
+    tiny_recipe: Path, tmp_path: Path, capsys, monkeypatch
+) -> None:
+    import quantkit.evals.quality as quality
+
+    real_score = quality.score
+    monkeypatch.setattr(quality, "score", lambda *a, **k: (_ for _ in ()).throw(KeyboardInterrupt))
+    assert run_cli(capsys, "quantize", tiny_recipe)[0] == 130
+    runs = tmp_path / "runs"
+    [partial] = list(runs.iterdir())
+    assert partial.name.endswith(".partial")
+    monkeypatch.setattr(quality, "score", real_score)
+    code, _, err = run_cli(capsys, "quantize", tiny_recipe, "--restart")
+    assert code == 0 and "resumed" not in err
+    [run] = list(runs.iterdir())
+    assert run.name == partial.name[1 : -len(".partial")]
+    assert json.loads((run / "manifest.json").read_text())["resume"]["resumed_stages"] == []
+
+
 def test_overwrite_replaces_only_when_complete(finished_run: Path, tiny_recipe: Path, capsys) -> None:
     old = json.loads((finished_run / "manifest.json").read_text())["run_id"]
     code, _, _ = run_cli(
