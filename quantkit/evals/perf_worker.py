@@ -22,9 +22,22 @@ def _rss() -> int:
 
 
 def _peak_rss() -> int:
+    """Peak RSS of this process image.
+
+    On Linux this is ``VmHWM``: ``ru_maxrss`` survives fork+exec, so a worker started by a
+    large quantize process would report its parent's peak instead of its own.
+    """
+    try:
+        with open("/proc/self/status", encoding="ascii") as status:
+            for line in status:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
     import resource
 
-    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
+    peak = int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
+    return peak if sys.platform == "darwin" else peak * 1024  # bytes on macOS, KiB elsewhere
 
 
 def _prompt(vocab: int, length: int, row: int = 0) -> list[int]:

@@ -50,3 +50,19 @@ def test_bench_command_updates_a_run_with_cost(tiny_recipe: Path, tmp_path: Path
 
 def test_bench_on_a_folder_that_is_not_a_run(tmp_path: Path, capsys) -> None:
     assert main(["bench", str(tmp_path)]) == 2
+
+
+def test_peak_memory_is_the_workers_own_not_its_parents(tiny_model: Path) -> None:
+    """The workers are started by the quantize process, which may hold GBs; their peak must
+    not include it (ru_maxrss is inherited across fork+exec on Linux; VmHWM is not)."""
+    from quantkit.bench_spec import BenchSpec
+    from quantkit.evals import perf
+
+    ballast = bytearray(1_500_000_000)  # the parent's resident memory
+    ballast[::4096] = b"\x01" * len(ballast[::4096])
+    spec = BenchSpec(prompt_lengths=[16], decode_tokens=4, repeats=1, batch_size=1)
+    section = perf.measure_pair(tiny_model, tiny_model, "hf", "cpu", spec)
+    del ballast
+    for side in ("baseline", "artifact"):
+        assert 0 < section[side]["peak_memory_bytes"] < 500_000_000, section[side]
+        assert section[side]["peak_memory_bytes"] >= section[side]["weights_memory_bytes"]
