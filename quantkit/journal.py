@@ -169,6 +169,17 @@ class Journal:
         }
         self._write()
 
+    def forget(self, *prefixes: str) -> None:
+        """Drop recorded stages named ``prefix`` or ``prefix.N``: their inputs are being redone,
+        so their results no longer belong to this run."""
+        dropped = [s for s in self.stages if s in prefixes or s.split(".")[0] in prefixes]
+        for stage in dropped:
+            del self.stages[stage]
+            if stage in self.resumed:
+                self.resumed.remove(stage)
+        if dropped:
+            self._write()
+
     def holds_work(self) -> bool:
         """Whether a stage whose output lives only in this run has completed (worth keeping);
         the baseline reference lives in the shared cache and survives anyway."""

@@ -94,6 +94,7 @@ def _reference(
         if not verified:
             journal.complete("reference", {"key": key}, [ref.cache_path(key)])
         return cached, True
+    journal.forget("evaluate")  # scored against the reference being recomputed
     failpoint("before.reference")
     start = time.perf_counter()
     with reporter.stage("baseline reference", total=len(windows.ids)) as advance:
@@ -350,6 +351,7 @@ def _quantize(
         timer.timings["quantize_s"] = done["seconds"]
         return Artifact(path=writer.artifact_dir, **done["artifact"])
     shutil.rmtree(writer.artifact_dir, ignore_errors=True)  # never build on a half-written one
+    journal.forget("evaluate", "lm_eval", "bench")  # they measured the artifact being replaced
     failpoint("before.quantize")
     start = time.perf_counter()
     layers = _config(source.path).get("num_hidden_layers")

@@ -127,8 +127,10 @@ def test_a_damaged_artifact_is_quantized_again(
 ) -> None:
     out = tmp_path / "run"
     args = ("quantize", *GPTQ_TINY, "--model", tiny_model, "--out", out)
-    killed = quantkit(*args, cwd=tmp_path, cache=session_cache, failpoint="before.evaluate")
+    killed = quantkit(*args, cwd=tmp_path, cache=session_cache, failpoint="before.manifest")
     assert killed.returncode == -signal.SIGKILL
+    stages = json.loads((tmp_path / ".run.partial" / "progress.json").read_text())["stages"]
+    assert list(stages) == ["reference", "quantize", "evaluate"]
     weights = tmp_path / ".run.partial" / "artifact" / "model.safetensors"
     data = bytearray(weights.read_bytes())
     data[-1] ^= 0xFF  # one flipped bit in the last tensor: same size, wrong checksum
@@ -136,7 +138,8 @@ def test_a_damaged_artifact_is_quantized_again(
     (tmp_path / ".run.partial" / "artifact" / "stray.bin").write_bytes(b"x" * 1000)
     resumed = quantkit(*args, cwd=tmp_path, cache=session_cache)
     assert resumed.returncode == 0, resumed.stderr[-2000:]
-    assert "quantize" not in manifest(out)["resume"]["resumed_stages"]
+    # the artifact is made again, and so is everything measured on the damaged one
+    assert manifest(out)["resume"]["resumed_stages"] == ["reference"]
     assert_same_as_clean(out, clean_run)
 
 

@@ -50,6 +50,14 @@ def test_a_different_fingerprint_is_refused_naming_what_changed(tmp_path: Path) 
     assert "evaluate" in Journal.open(tmp_path, {}, FINGERPRINT).stages  # untouched
 
 
+def test_forget_drops_a_stage_and_its_numbered_entries(tmp_path: Path) -> None:
+    journal = Journal.open(tmp_path, {}, FINGERPRINT)
+    for stage in ("reference", "quantize", "evaluate", "lm_eval.0", "lm_eval.1", "bench"):
+        journal.complete(stage, {})
+    journal.forget("evaluate", "lm_eval", "bench")
+    assert list(Journal.open(tmp_path, {}, FINGERPRINT).stages) == ["reference", "quantize"]
+
+
 def test_reference_stage_alone_is_not_worth_keeping(tmp_path: Path) -> None:
     journal = Journal.open(tmp_path, {}, FINGERPRINT)
     journal.complete("reference", {"key": "k"})
