@@ -66,11 +66,16 @@ def write_json_durably(path: Path, data: Any) -> None:
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
-    folder = os.open(path.parent, os.O_RDONLY)
+    fsync_dir(path.parent)
+
+
+def fsync_dir(folder: Path) -> None:
+    """Make a folder's entries (new names, renames) durable."""
+    fd = os.open(folder, os.O_RDONLY)
     try:
-        os.fsync(folder)
+        os.fsync(fd)
     finally:
-        os.close(folder)
+        os.close(fd)
 
 
 class Journal:
@@ -101,6 +106,11 @@ class Journal:
         """The journal for a fresh or resumed run; refuses one written for another fingerprint."""
         journal = cls(folder, identity, fingerprint)
         old = cls.read(folder)
+        if old is None and (folder / JOURNAL).exists():
+            raise OutputError(
+                f"the interrupted run in '{folder}' has a journal this quantkit cannot read",
+                "pass --restart to discard it and start over (or resume with the quantkit that made it)",
+            )
         if old is not None:
             previous = old.get("fingerprint", {})
             if fingerprint_digest(previous) != fingerprint_digest(fingerprint):
@@ -126,28 +136,36 @@ class Journal:
             },
         )
 
+    @staticmethod
+    def _verify(path: Path, expected: dict[str, Any]) -> bool:
+        return (
+            path.is_file()
+            and path.stat().st_size == expected["bytes"]
+            and file_sha256(path) == expected["sha256"]
+        )
+
     def _resolve(self, name: str) -> Path:
         path = Path(name)
         return path if path.is_absolute() else self.folder / path
 
-    def completed(self, stage: str) -> dict[str, Any] | None:
+    def completed(self, stage: str, exact: Path | None = None) -> dict[str, Any] | None:
         """The stage's recorded result if it completed and all its files verify, else None.
 
+        With ``exact`` (a folder), the folder must also hold no file the stage did not record.
         A stage that fails verification is forgotten, so the caller redoes it from scratch.
         """
         entry = self.stages.get(stage)
         if entry is None:
             return None
-        for name, expected in entry.get("files", {}).items():
-            path = self._resolve(name)
-            if (
-                not path.is_file()
-                or path.stat().st_size != expected["bytes"]
-                or file_sha256(path) != expected["sha256"]
-            ):
-                del self.stages[stage]
-                self._write()
-                return None
+        files = entry.get("files", {})
+        verified = all(self._verify(self._resolve(name), expected) for name, expected in files.items())
+        if verified and exact is not None:
+            present = {str(p.relative_to(self.folder)) for p in exact.rglob("*") if not p.is_dir()}
+            verified = present == {name for name in files if not Path(name).is_absolute()}
+        if not verified:
+            del self.stages[stage]
+            self._write()
+            return None
         if stage not in self.resumed:
             self.resumed.append(stage)
         result: dict[str, Any] = entry.get("result", {})
@@ -156,12 +174,16 @@ class Journal:
     def complete(self, stage: str, result: dict[str, Any], files: list[Path] | None = None) -> None:
         """Record ``stage`` as complete with its result and the checksums of ``files``."""
         checksums: dict[str, dict[str, Any]] = {}
+        folder = self.folder.resolve()
         for path in sorted(files or []):
-            name = str(path.relative_to(self.folder)) if path.is_relative_to(self.folder) else str(path)
+            full = path.resolve()  # files outside the run (shared cache) are kept absolute
+            name = str(full.relative_to(folder)) if full.is_relative_to(folder) else str(full)
             checksums[name] = {"bytes": path.stat().st_size, "sha256": file_sha256(path)}
         for path in files or []:  # the data must be on disk before the journal says so
             with path.open("rb") as handle:
                 os.fsync(handle.fileno())
+        for parent in {path.resolve().parent for path in files or []}:
+            fsync_dir(parent)
         self.stages[stage] = {
             "completed": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
             "files": checksums,

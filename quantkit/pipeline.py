@@ -26,9 +26,9 @@ from quantkit.store import (
     check_output,
     final_dir_of,
     find_resumable,
-    is_locked,
     new_run_id,
     partial_dir,
+    remove_partial,
 )
 
 
@@ -88,13 +88,14 @@ def _reference(
     key = ref.reference_key(source.fingerprint(), windows, recipe.eval.top_k, device)
     recorded = "reference" in journal.stages
     verified = journal.completed("reference") is not None  # False: the cached file changed
+    if not verified:
+        journal.forget("evaluate")  # scored against a reference this run can no longer vouch for
     cached = ref.load_cached(key) if verified or not recorded else None
     if cached is not None:
         reporter.log(f"baseline reference: cached ({key[:12]})")
         if not verified:
             journal.complete("reference", {"key": key}, [ref.cache_path(key)])
         return cached, True
-    journal.forget("evaluate")  # scored against the reference being recomputed
     failpoint("before.reference")
     start = time.perf_counter()
     with reporter.stage("baseline reference", total=len(windows.ids)) as advance:
@@ -165,10 +166,8 @@ def _run_quantize(request: QuantizeRequest, reporter: Reporter | None) -> RunRes
         with reporter.stage("tokenizing calibration text"):
             calibration = calibration_windows(recipe.calibration, tokenizer)
 
-    if request.restart and partial_dir(final_dir).is_dir():
-        if is_locked(partial_dir(final_dir)):
-            raise OutputError(f"another quantkit process is writing '{final_dir}'", "wait for it to finish")
-        shutil.rmtree(partial_dir(final_dir))
+    if request.restart and partial_dir(final_dir).is_dir() and not remove_partial(partial_dir(final_dir)):
+        raise OutputError(f"another quantkit process is writing '{final_dir}'", "wait for it to finish")
     writer = RunWriter(final_dir, overwrite=request.overwrite)
     try:
         journal = writer.open_journal(identity, _fingerprint(identity, source, device, calibration, windows))
@@ -345,7 +344,7 @@ def _quantize(
     timer: _Timer,
 ) -> Artifact:
     """The artifact: verified from an earlier attempt, or made from scratch."""
-    done = journal.completed("quantize")
+    done = journal.completed("quantize", exact=writer.artifact_dir)
     if done is not None:
         reporter.log(f"quantization: resumed ({len(journal.stages['quantize']['files'])} files verified)")
         timer.timings["quantize_s"] = done["seconds"]

@@ -8,10 +8,11 @@ import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from quantkit.errors import ArtifactError, OutputError, RunNotFoundError
-from quantkit.journal import JOURNAL, Journal
+from quantkit.faults import failpoint
+from quantkit.journal import JOURNAL, Journal, fsync_dir
 from quantkit.models import write_text_atomic
 
 MANIFEST = "manifest.json"
@@ -72,46 +73,81 @@ def final_dir_of(partial: Path) -> Path:
 
 def is_locked(folder: Path) -> bool:
     """Whether a live quantkit process holds ``folder``'s lock."""
+    handle = _try_lock(folder, create=False)
+    if handle is None:
+        return (folder / LOCK_FILE).exists()
+    handle.close()  # closing releases the lock taken here
+    return False
+
+
+def _try_lock(folder: Path, create: bool, wait_s: float = 0.0) -> IO[str] | None:
+    """An open, exclusively flock-ed handle on ``folder``'s lock file, or None when another
+    process holds it (or, without ``create``, when there is no lock file). Retries for
+    ``wait_s``: another process may only be peeking (``is_locked``)."""
     import fcntl
 
-    try:
-        handle = (folder / LOCK_FILE).open("rb")  # never created here: a live writer has one
-    except OSError:
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            handle = (folder / LOCK_FILE).open("a+" if create else "r")
+        except OSError:
+            return None
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            handle.close()
+            if time.monotonic() >= deadline:
+                return None
+            time.sleep(0.05)
+            continue
+        try:  # the file locked must still be the folder's (not unlinked by a finishing run)
+            same = os.fstat(handle.fileno()).st_ino == (folder / LOCK_FILE).stat().st_ino
+        except OSError:
+            same = False
+        if same:
+            return handle
+        handle.close()
+        if not create:
+            return None
+
+
+def remove_partial(folder: Path) -> bool:
+    """Remove an interrupted run's folder unless a live process holds it (checked under the
+    lock, and the folder renamed away while held, so no writer can start on it meanwhile)."""
+    handle = _try_lock(folder, create=False)
+    if handle is None and (folder / LOCK_FILE).exists():
         return False
+    doomed = folder.with_name(f"{folder.name}.removing-{os.getpid()}")
     try:
-        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-        return True
+        os.replace(folder, doomed)
     finally:
-        handle.close()  # closing releases a lock taken here
-    return False
+        if handle is not None:
+            handle.close()
+    shutil.rmtree(doomed, ignore_errors=True)
+    return True
 
 
 class RunWriter:
     """Builds a run in ``.NAME.partial`` beside ``final_dir`` under an exclusive lock.
 
     The folder's journal records completed stages, so an interrupted run can be resumed;
-    ``commit`` renames the folder into place, ``suspend`` keeps it for a later resume and
+    ``commit`` renames the folder into place, ``release`` keeps it for a later resume and
     ``abort`` removes it.
     """
 
     def __init__(self, final_dir: Path, overwrite: bool = False) -> None:
-        import fcntl
-
         self.final_dir = final_dir
         self.overwrite = overwrite
         self.tmp_dir = partial_dir(final_dir)
         self.created = not self.tmp_dir.exists()
         self.tmp_dir.mkdir(exist_ok=True)
-        self._lock = (self.tmp_dir / LOCK_FILE).open("a+")
-        try:
-            fcntl.flock(self._lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            self._lock.close()
+        lock = _try_lock(self.tmp_dir, create=True, wait_s=2.0)
+        if lock is None:
             raise OutputError(
                 f"another quantkit process is writing '{final_dir}'",
                 "wait for it to finish, or pick another --out",
-            ) from None
+            )
+        self._lock = lock
         self._lock.seek(0)
         self._lock.truncate()
         self._lock.write(f"{os.getpid()}\n")
@@ -138,7 +174,12 @@ class RunWriter:
         return path
 
     def commit(self) -> Path:
-        """Move the finished run into place (replacing an old one only with overwrite)."""
+        """Move the finished run into place (replacing an old one only with overwrite).
+
+        The journal goes only after the rename: a crash at any point leaves either the
+        resumable partial folder or the complete run (plus, with overwrite, the replaced run
+        as ``.NAME.old-*`` until the rename is done).
+        """
         old: Path | None = None
         if self.final_dir.exists():
             if not self.overwrite:
@@ -147,9 +188,11 @@ class RunWriter:
                 )
             old = self.final_dir.with_name(f".{self.final_dir.name}.old-{os.getpid()}")
             os.replace(self.final_dir, old)
-        (self.tmp_dir / JOURNAL).unlink(missing_ok=True)  # its checksums are in the manifest
-        (self.tmp_dir / LOCK_FILE).unlink(missing_ok=True)
+        failpoint("commit.rename")
         os.replace(self.tmp_dir, self.final_dir)
+        fsync_dir(self.final_dir.parent)
+        (self.final_dir / JOURNAL).unlink(missing_ok=True)  # its checksums are in the manifest
+        (self.final_dir / LOCK_FILE).unlink(missing_ok=True)
         self._lock.close()
         if old is not None:
             shutil.rmtree(old, ignore_errors=True)

@@ -45,8 +45,8 @@ def root(
 
 
 INTERRUPTED_HINT = (
-    "run the same command again to resume from the last completed stage "
-    "(quantkit runs clean removes what was kept)"
+    "run the same command again: it resumes from any completed stage that was kept "
+    "(quantkit runs list shows them, quantkit runs clean removes them)"
 )
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import shutil
 import time
 from pathlib import Path
 from typing import Any
@@ -42,6 +41,7 @@ def _interrupted(path: Path) -> dict[str, Any]:
     journal = Journal.read(path) or {}
     return {
         "folder": path.name,
+        "kind": "replaced" if ".old-" in path.name else "interrupted",
         "stages": list(journal.get("stages", {})),
         "recipe": journal.get("identity", {}).get("recipe", {}).get("name"),
         "running": is_locked(path),
@@ -102,6 +102,9 @@ def list_runs(directory: Path | None = DirOption, output_format: OutputFormat = 
         )
     stdout.print(table)
     for item in leftovers:
+        if item["kind"] == "replaced":
+            stderr.print(f"{item['folder']}: a run replaced by --overwrite (left by a crash)")
+            continue
         state = "running" if item["running"] else "interrupted"
         stages = ", ".join(item["stages"]) or "no stage"
         stderr.print(f"{item['folder']}: {state}, {stages} completed")
@@ -136,7 +139,7 @@ def clean(
     dry_run: bool = typer.Option(False, "--dry-run", help="only list what would be removed"),
 ) -> None:
     """Remove leftovers of interrupted or replaced runs (never a complete or running one)."""
-    from quantkit.store import is_locked
+    from quantkit.store import is_locked, remove_partial
 
     now = time.time()
     removed = 0
@@ -147,8 +150,9 @@ def clean(
         if now - path.stat().st_mtime < older_than * 60:
             stderr.print(f"kept {path.name} (younger than {older_than:g} min: maybe still running)")
             continue
+        if not dry_run and not remove_partial(path):  # under the lock: a writer may just start
+            stderr.print(f"kept {path.name} (a quantkit process is writing it)")
+            continue
         stderr.print(f"{'would remove' if dry_run else 'removed'} {path.name}")
-        if not dry_run:
-            shutil.rmtree(path, ignore_errors=True)
         removed += 1
     stderr.print(f"{removed} leftover(s) {'to remove' if dry_run else 'removed'}")

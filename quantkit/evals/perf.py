@@ -45,7 +45,7 @@ def measure_pair(
     baseline: Path, artifact: Path, artifact_runtime: str, device: str, spec: BenchSpec
 ) -> dict[str, Any]:
     """Bench the baseline (transformers) and the artifact (its own runtime)."""
-    if artifact_runtime == "llama.cpp":
+    if artifact_runtime == "llamacpp":
         from quantkit.runtimes.llamacpp import gguf_file
 
         gguf_file(artifact)  # a damaged file is the user's to fix, before any process starts

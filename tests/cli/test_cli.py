@@ -213,6 +213,23 @@ def test_ctrl_c_after_quantization_keeps_the_stages_and_the_rerun_resumes(
     assert not partial.exists()
 
 
+def test_a_stray_file_in_a_kept_artifact_makes_it_quantized_again(
+    tiny_recipe: Path, tmp_path: Path, capsys, monkeypatch
+) -> None:
+    import quantkit.evals.quality as quality
+
+    real_score = quality.score
+    monkeypatch.setattr(quality, "score", lambda *a, **k: (_ for _ in ()).throw(KeyboardInterrupt))
+    out = tmp_path / "run"
+    assert run_cli(capsys, "quantize", tiny_recipe, "--out", out)[0] == 130
+    (tmp_path / ".run.partial" / "artifact" / "stray.safetensors").write_bytes(b"x" * 100)
+    monkeypatch.setattr(quality, "score", real_score)
+    code, _, err = run_cli(capsys, "quantize", tiny_recipe, "--out", out)
+    assert code == 0 and "quantization: resumed" not in err
+    assert not (out / "artifact" / "stray.safetensors").exists()
+    assert json.loads((out / "manifest.json").read_text())["resume"]["resumed_stages"] == ["reference"]
+
+
 def test_restart_discards_the_interrupted_run_of_the_same_command(
     tiny_recipe: Path, tmp_path: Path, capsys, monkeypatch
 ) -> None:

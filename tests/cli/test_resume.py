@@ -133,9 +133,8 @@ def test_a_damaged_artifact_is_quantized_again(
     assert list(stages) == ["reference", "quantize", "evaluate"]
     weights = tmp_path / ".run.partial" / "artifact" / "model.safetensors"
     data = bytearray(weights.read_bytes())
-    data[-1] ^= 0xFF  # one flipped bit in the last tensor: same size, wrong checksum
+    data[-1] ^= 0xFF  # flipped bits in the last tensor: same size, wrong checksum
     weights.write_bytes(bytes(data))
-    (tmp_path / ".run.partial" / "artifact" / "stray.bin").write_bytes(b"x" * 1000)
     resumed = quantkit(*args, cwd=tmp_path, cache=session_cache)
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     # the artifact is made again, and so is everything measured on the damaged one
@@ -204,3 +203,27 @@ def test_a_live_run_is_neither_joined_nor_cleaned(
         assert cleaned.returncode == 0 and partial.is_dir()
     cleaned = quantkit("runs", "clean", "--older-than", "0", cwd=tmp_path, cache=session_cache)
     assert cleaned.returncode == 0 and not partial.exists()
+
+
+def test_kill_while_replacing_a_run_then_resume(
+    clean_run: Path, tiny_model: Path, session_cache: Path, tmp_path: Path
+) -> None:
+    """--overwrite: killed after the old run was moved aside, before the new one took its
+    place. The rerun finishes from the journal; the old run is listed as a replaced leftover."""
+    out = tmp_path / "run"
+    args = ("quantize", *GPTQ_TINY, "--model", tiny_model, "--out", out, "--overwrite")
+    first = quantkit(*args, "--set", "seed=7", cwd=tmp_path, cache=session_cache)
+    assert first.returncode == 0, first.stderr[-2000:]
+    killed = quantkit(*args, cwd=tmp_path, cache=session_cache, failpoint="commit.rename")
+    assert killed.returncode == -signal.SIGKILL
+    assert not out.exists() and len(list(tmp_path.glob(".run.old-*"))) == 1
+    resumed = quantkit(*args, cwd=tmp_path, cache=session_cache)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert manifest(out)["resume"]["resumed_stages"] == ["reference", "quantize", "evaluate"]
+    assert_same_as_clean(out, clean_run)
+    assert not (out / "progress.json").exists() and not (out / ".lock").exists()
+    listing = quantkit(
+        "runs", "list", "--dir", tmp_path, "--format", "json", cwd=tmp_path, cache=session_cache
+    )
+    [leftover] = json.loads(listing.stdout)["leftovers"]
+    assert leftover["kind"] == "replaced" and leftover["folder"].startswith(".run.old-")

@@ -214,3 +214,26 @@ def test_kill_while_saving_a_gguf_then_resume(runs: dict[str, dict], tmp_path: P
     assert digest[0] == digest[1]
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["metrics"]["quantized"]["kld_mean"] == runs["q4_k_m"]["metrics"]["quantized"]["kld_mean"]
+
+
+def test_a_truncated_gguf_in_a_run_is_refused_before_loading(
+    runs: dict[str, dict], tmp_path: Path, capsys
+) -> None:
+    import shutil
+
+    copy = tmp_path / "copy"
+    shutil.copytree(runs["q8_0"]["_path"], copy)
+    model = copy / "artifact" / "model.gguf"
+    with model.open("r+b") as handle:
+        handle.truncate(model.stat().st_size // 3)
+    capsys.readouterr()
+    assert main(["bench", str(copy)]) == 2
+    assert "is damaged: artifact/model.gguf" in capsys.readouterr().err
+    # a manifest without stage records (an older quantkit): the GGUF check itself refuses it
+    manifest = json.loads((copy / "manifest.json").read_text())
+    manifest.pop("stages")
+    (copy / "manifest.json").write_text(json.dumps(manifest))
+    for command in (["bench", str(copy)], ["eval", str(copy), "--tasks", "quantkit_cloze"]):
+        assert main(command) == 2
+        err = capsys.readouterr().err
+        assert "truncated" in err and "model.gguf" in err, err

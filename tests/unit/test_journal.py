@@ -87,6 +87,42 @@ def test_commit_leaves_no_journal_or_lock(tmp_path: Path) -> None:
     assert not partial_dir(run).exists()
 
 
+def test_an_unreadable_journal_is_refused_not_reset(tmp_path: Path) -> None:
+    (tmp_path / "progress.json").write_text('{"schema_version": 99, "stages": {"quantize": {}}}')
+    with pytest.raises(OutputError, match="cannot read") as err:
+        Journal.open(tmp_path, {}, FINGERPRINT)
+    assert "--restart" in err.value.hint
+    assert "99" in (tmp_path / "progress.json").read_text()  # left as it was
+
+
+def test_files_outside_the_run_are_recorded_by_absolute_path(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "cache").mkdir()
+    (tmp_path / "cache" / "ref.npz").write_bytes(b"ref")
+    run = tmp_path / "run"
+    run.mkdir()
+    journal = Journal.open(run, {}, FINGERPRINT)
+    journal.complete("reference", {}, [Path("cache/ref.npz")])  # a relative QUANTKIT_CACHE
+    assert list(journal.stages["reference"]["files"]) == [str(tmp_path / "cache" / "ref.npz")]
+    monkeypatch.chdir(run)
+    assert Journal.open(run, {}, FINGERPRINT).completed("reference") == {}
+
+
+def test_a_held_partial_is_not_removed(tmp_path: Path) -> None:
+    from quantkit.store import remove_partial
+
+    writer = RunWriter(tmp_path / "run")
+    assert remove_partial(partial_dir(tmp_path / "run")) is False
+    assert partial_dir(tmp_path / "run").is_dir()
+    writer.release()  # created by this writer and nothing recorded: removed
+    assert not partial_dir(tmp_path / "run").exists()
+    other = RunWriter(tmp_path / "run")
+    other.open_journal({}, FINGERPRINT).complete("evaluate", {})
+    other.release()
+    assert remove_partial(partial_dir(tmp_path / "run")) is True
+    assert list(tmp_path.iterdir()) == []
+
+
 def _gguf(path: Path) -> Path:
     import gguf
     import numpy as np
