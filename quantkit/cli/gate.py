@@ -243,10 +243,4 @@ def _print_table(results: list[tuple[str, GateResult]]) -> None:
                 check.source,
                 f"[{colour}]{verdict_label(check)}[/{colour}]",
             )
-    if stdout.is_terminal:
-        stdout.print(table)
-        return
-    from rich.console import Console
-
-    # in a CI log lines may be long: never wrap a run's path or a metric name
-    Console(file=stdout.file, width=1000, no_color=stdout.no_color).print(table)
+    stdout.print(table)

@@ -19,8 +19,9 @@ class OutputFormat(str, Enum):
     json = "json"
 
 
-# Wide when piped (tables in CI logs should not wrap); the terminal's width otherwise.
-stdout = Console(width=None if sys.stdout.isatty() else 160)
+# When piped (CI logs, files) tables keep their natural width: a run's path or a scheme name
+# is never cut or wrapped. In a terminal, the terminal's width.
+stdout = Console(width=None if sys.stdout.isatty() else 1000)
 stderr = Console(stderr=True, soft_wrap=True)
 
 
