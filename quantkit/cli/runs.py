@@ -118,9 +118,24 @@ def list_runs(directory: Path | None = DirOption, output_format: OutputFormat = 
 def show(
     run: Path = typer.Argument(..., help="a run folder"), output_format: OutputFormat = FormatOption
 ) -> None:
-    """Show a run's manifest (JSON) or its summary."""
+    """Show a run's manifest (JSON) or its summary; for an interrupted run, its progress."""
+    from quantkit.journal import Journal
     from quantkit.store import load_run
 
+    journal = Journal.read(run) if run.is_dir() and not (run / "manifest.json").is_file() else None
+    if journal is not None:
+        progress = _interrupted(run) | {
+            "completed": {name: stage.get("completed") for name, stage in journal.get("stages", {}).items()},
+            "fingerprint": journal.get("fingerprint"),
+        }
+        if output_format == OutputFormat.json:
+            emit_json(progress)
+            return
+        state = "running" if progress["running"] else "interrupted: rerun the same command to resume"
+        stdout.print(f"{progress['folder']}: {state}")
+        for name, when in progress["completed"].items():
+            stdout.print(f"  {name:>10}  completed {when}")
+        return
     record = load_run(run)
     if output_format == OutputFormat.json:
         emit_json(record.manifest)

@@ -204,6 +204,9 @@ def test_ctrl_c_after_quantization_keeps_the_stages_and_the_rerun_resumes(
     partial = tmp_path / "out" / ".run.partial"
     progress = json.loads((partial / "progress.json").read_text())
     assert list(progress["stages"]) == ["reference", "quantize"]
+    code, shown, _ = run_cli(capsys, "runs", "show", partial, "--format", "json")
+    assert code == 0 and list(json.loads(shown)["completed"]) == ["reference", "quantize"]
+    assert json.loads(shown)["running"] is False and json.loads(shown)["fingerprint"]["model"]
     monkeypatch.setattr(quality, "score", real_score)
     code, _, err = run_cli(capsys, "quantize", tiny_recipe, "--out", out)
     assert code == 0 and "quantization: resumed" in err
