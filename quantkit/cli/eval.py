@@ -33,6 +33,12 @@ def eval_tasks(
 
     quiet_libraries(False)
     records = [load_run(path) for path in runs]
+    for record in records:  # a damaged GGUF is refused before any task runs
+        artifact = record.manifest["artifact"]
+        if artifact["runtime"] == "llamacpp":
+            from quantkit.runtimes.llamacpp import check_gguf, gguf_file
+
+            check_gguf(gguf_file(record.path / artifact["path"]))
     amount = None if limit is None else (int(limit) if limit >= 1 else limit)
     spec = LmEvalSpec(
         tasks=[t.strip() for t in tasks.split(",") if t.strip()],

@@ -46,9 +46,9 @@ def measure_pair(
 ) -> dict[str, Any]:
     """Bench the baseline (transformers) and the artifact (its own runtime)."""
     if artifact_runtime == "llamacpp":
-        from quantkit.runtimes.llamacpp import gguf_file
+        from quantkit.runtimes.llamacpp import check_gguf, gguf_file
 
-        gguf_file(artifact)  # a damaged file is the user's to fix, before any process starts
+        check_gguf(gguf_file(artifact))  # a damaged file is the user's to fix, before any process starts
     common = {
         "device": device,
         "prompt_lengths": spec.prompt_lengths,

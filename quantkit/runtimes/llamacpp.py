@@ -34,15 +34,16 @@ def check_gguf(path: Path, hint: str = _DAMAGED_HINT) -> None:
 
 
 def gguf_file(path: Path) -> Path:
-    """The model file of a GGUF artifact (a .gguf file, or a folder holding model.gguf),
-    checked to be a whole GGUF file."""
+    """The model file of a GGUF artifact (a .gguf file, or a folder holding model.gguf).
+
+    Not checked here: ``check_gguf`` parses all metadata (seconds for a large vocabulary), so
+    the commands that take a GGUF from the user call it once, outside any timed load.
+    """
     if path.is_file():
-        check_gguf(path)
         return path
     candidates = [p for p in sorted(path.glob("*.gguf")) if p.name != "imatrix.gguf"]
     if not candidates:
         raise BackendError(f"no .gguf model file in '{path}'", "was the artifact made by a gguf recipe?")
-    check_gguf(candidates[0])
     return candidates[0]
 
 

@@ -149,4 +149,4 @@ def test_truncated_gguf_files_are_refused(tmp_path: Path, keep: int) -> None:
     cut.parent.mkdir()
     cut.write_bytes(data[:keep])
     with pytest.raises(ArtifactError, match=r"truncated|not a GGUF file"):
-        gguf_file(cut.parent)
+        check_gguf(gguf_file(cut.parent))
