@@ -18,19 +18,12 @@ from pathlib import Path
 from typing import Any
 
 from quantkit.errors import OutputError
+from quantkit.models import file_sha256, write_text_atomic
 
 JOURNAL = "progress.json"
 JOURNAL_SCHEMA = 1
 STAGES = ("reference", "quantize", "evaluate", "lm_eval", "bench")  # lm_eval.N: one per entry
 RUN_STAGES = frozenset(STAGES[1:])
-
-
-def file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        for block in iter(lambda: handle.read(1 << 22), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def fingerprint_digest(parts: dict[str, Any]) -> str:
@@ -52,21 +45,6 @@ def fingerprint_differences(old: dict[str, Any], new: dict[str, Any]) -> list[st
         else:
             differences.append(key)
     return differences
-
-
-def write_json_durably(path: Path, data: Any) -> None:
-    """Write JSON to a temporary sibling, fsync it, rename it over ``path``, fsync the folder."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        with tmp.open("w", encoding="utf-8") as handle:
-            json.dump(data, handle, indent=1)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    fsync_dir(path.parent)
 
 
 def fsync_dir(folder: Path) -> None:
@@ -125,16 +103,21 @@ class Journal:
         return journal
 
     def _write(self) -> None:
-        write_json_durably(
+        """Atomically and durably: the file is fsynced by ``write_text_atomic``, the rename here."""
+        write_text_atomic(
             self.path,
-            {
-                "schema_version": JOURNAL_SCHEMA,
-                "identity": self.identity,
-                "fingerprint": self.fingerprint,
-                "fingerprint_sha256": fingerprint_digest(self.fingerprint),
-                "stages": self.stages,
-            },
+            json.dumps(
+                {
+                    "schema_version": JOURNAL_SCHEMA,
+                    "identity": self.identity,
+                    "fingerprint": self.fingerprint,
+                    "fingerprint_sha256": fingerprint_digest(self.fingerprint),
+                    "stages": self.stages,
+                },
+                indent=1,
+            ),
         )
+        fsync_dir(self.folder)
 
     @staticmethod
     def _verify(path: Path, expected: dict[str, Any]) -> bool:

@@ -60,7 +60,8 @@ def folder_bytes(folder: Path) -> int:
     return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
 
 
-def _file_sha256(path: Path) -> str:
+def file_sha256(path: Path) -> str:
+    """sha256 of a file, read in 4 MiB blocks."""
     digest = hashlib.sha256()
     with path.open("rb") as handle:
         for block in iter(lambda: handle.read(1 << 22), b""):
@@ -87,7 +88,7 @@ def fingerprint(folder: Path) -> str:
     digest = hashlib.sha256()
     for path in files:
         digest.update(path.name.encode())
-        digest.update(_file_sha256(path).encode())
+        digest.update(file_sha256(path).encode())
     value = digest.hexdigest()
     known[key] = value
     try:
