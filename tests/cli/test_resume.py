@@ -97,18 +97,17 @@ def assert_same_as_clean(run: Path, clean: Path) -> None:
     assert resumed["stages"]["quantize"]["files"] == reference["stages"]["quantize"]["files"]
 
 
-def test_kill_during_quantization_then_resume(
-    clean_run: Path, tiny_model: Path, session_cache: Path, tmp_path: Path
+@pytest.mark.parametrize(
+    "failpoint",
+    [
+        "quantize.layer=1",  # during quantization
+        "save.weights",  # while saving: weights written, tokenizer not
+    ],
+)
+def test_kill_during_quantization_or_saving_then_resume(
+    failpoint: str, clean_run: Path, tiny_model: Path, session_cache: Path, tmp_path: Path
 ) -> None:
-    run, _ = killed_then_resumed("quantize.layer=1", tiny_model, tmp_path, session_cache)
-    assert_same_as_clean(run, clean_run)
-    assert "quantize" not in manifest(run)["resume"]["resumed_stages"]
-
-
-def test_kill_while_saving_then_resume(
-    clean_run: Path, tiny_model: Path, session_cache: Path, tmp_path: Path
-) -> None:
-    run, _ = killed_then_resumed("save.weights", tiny_model, tmp_path, session_cache)
+    run, _ = killed_then_resumed(failpoint, tiny_model, tmp_path, session_cache)
     assert_same_as_clean(run, clean_run)
     assert "quantize" not in manifest(run)["resume"]["resumed_stages"]
 
