@@ -38,15 +38,16 @@ def main() -> None:
     from quantkit.evals.quality import score, summarize
     from quantkit.models import resolve_model
     from quantkit.progress import quiet_libraries
-    from quantkit.recipe import EvalSpec
+    from quantkit.runtimes.base import RuntimeSettings
     from quantkit.runtimes.hf import HFRuntime
+    from quantkit.specs import EvalSpec
 
     quiet_libraries(False)
     source = resolve_model(args.model)
     tokenizer = AutoTokenizer.from_pretrained(source.path)
     windows = eval_windows(EvalSpec(num_windows=args.windows, seq_len=args.seq_len), tokenizer)
-    runtime = HFRuntime(source.path, "cpu")
-    reference = ref.compute(runtime.log_probs, windows, args.top_k, args.batch_size, "bench")
+    runtime = HFRuntime.load(source.path, RuntimeSettings(device="cpu", context_length=args.seq_len))
+    reference = ref.compute(runtime, windows, args.top_k, args.batch_size, "bench")
     ids = torch.as_tensor(windows.ids)
 
     def bare() -> None:
@@ -55,7 +56,7 @@ def main() -> None:
                 runtime.model(input_ids=ids[start : start + args.batch_size]).logits  # noqa: B018
 
     def quantkit_eval() -> None:
-        summarize(score(runtime.log_probs, windows, reference, args.batch_size), 1.0)
+        summarize(score(runtime, windows, reference, args.batch_size), 1.0)
 
     bare()  # warm-up
     times: dict[str, list[float]] = {"bare_forward": [], "quantkit_eval": []}

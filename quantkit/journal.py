@@ -12,26 +12,26 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import time
 from pathlib import Path
-from typing import Any
+
+from pydantic import JsonValue
 
 from quantkit.errors import OutputError
-from quantkit.models import file_sha256, write_text_atomic
+from quantkit.fileio import file_sha256, fsync_dir, fsync_file, write_text_atomic
 
 JOURNAL = "progress.json"
-JOURNAL_SCHEMA = 1
-STAGES = ("reference", "quantize", "evaluate", "lm_eval", "bench")  # lm_eval.N: one per entry
-RUN_STAGES = frozenset(STAGES[1:])
+JOURNAL_SCHEMA = 2  # 2: typed stage results (quantkit 0.2)
+SHARED_STAGES = frozenset({"reference"})  # outputs in the shared cache, not in the run
+Entry = dict[str, JsonValue]
 
 
-def fingerprint_digest(parts: dict[str, Any]) -> str:
+def fingerprint_digest(parts: dict[str, JsonValue]) -> str:
     """sha256 of the canonical JSON of ``parts``."""
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()
 
 
-def fingerprint_differences(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
+def fingerprint_differences(old: dict[str, JsonValue], new: dict[str, JsonValue]) -> list[str]:
     """Human-readable names of what differs between two fingerprints (nested one level)."""
     differences: list[str] = []
     for key in sorted(set(old) | set(new)):
@@ -47,23 +47,25 @@ def fingerprint_differences(old: dict[str, Any], new: dict[str, Any]) -> list[st
     return differences
 
 
-def fsync_dir(folder: Path) -> None:
-    """Make a folder's entries (new names, renames) durable."""
-    fd = os.open(folder, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 class Journal:
-    """The completed stages of one run being built in ``folder``."""
+    """The completed stages of one run being built in ``folder``.
 
-    def __init__(self, folder: Path, identity: dict[str, Any], fingerprint: dict[str, Any]) -> None:
+    ``persist=False`` keeps it in memory: a finished run being updated (``bench RUN``) is
+    journaled by its manifest, rewritten atomically at the end.
+    """
+
+    def __init__(
+        self,
+        folder: Path,
+        identity: dict[str, JsonValue],
+        fingerprint: dict[str, JsonValue],
+        persist: bool = True,
+    ) -> None:
         self.folder = folder
         self.identity = identity
         self.fingerprint = fingerprint
-        self.stages: dict[str, dict[str, Any]] = {}
+        self.persist = persist
+        self.stages: dict[str, Entry] = {}
         self.resumed: list[str] = []  # stages taken from an earlier attempt, verified
 
     @property
@@ -71,7 +73,7 @@ class Journal:
         return self.folder / JOURNAL
 
     @staticmethod
-    def read(folder: Path) -> dict[str, Any] | None:
+    def read(folder: Path) -> dict[str, JsonValue] | None:
         """The raw journal in ``folder``, or None when absent or unreadable."""
         try:
             data = json.loads((folder / JOURNAL).read_text(encoding="utf-8"))
@@ -80,7 +82,7 @@ class Journal:
         return data if isinstance(data, dict) and data.get("schema_version") == JOURNAL_SCHEMA else None
 
     @classmethod
-    def open(cls, folder: Path, identity: dict[str, Any], fingerprint: dict[str, Any]) -> Journal:
+    def open(cls, folder: Path, identity: dict[str, JsonValue], fingerprint: dict[str, JsonValue]) -> Journal:
         """The journal for a fresh or resumed run; refuses one written for another fingerprint."""
         journal = cls(folder, identity, fingerprint)
         old = cls.read(folder)
@@ -90,7 +92,8 @@ class Journal:
                 "pass --restart to discard it and start over (or resume with the quantkit that made it)",
             )
         if old is not None:
-            previous = old.get("fingerprint", {})
+            previous = old.get("fingerprint")
+            previous = previous if isinstance(previous, dict) else {}
             if fingerprint_digest(previous) != fingerprint_digest(fingerprint):
                 changed = fingerprint_differences(previous, fingerprint)
                 raise OutputError(
@@ -98,12 +101,17 @@ class Journal:
                     f"{', '.join(changed[:3]) or 'fingerprint'}; it cannot be resumed",
                     "pass --restart to discard it and start over, or use another --out",
                 )
-            journal.stages = {k: v for k, v in old.get("stages", {}).items() if isinstance(v, dict)}
+            stages = old.get("stages")
+            journal.stages = {
+                k: v for k, v in (stages if isinstance(stages, dict) else {}).items() if isinstance(v, dict)
+            }
         journal._write()
         return journal
 
     def _write(self) -> None:
         """Atomically and durably: the file is fsynced by ``write_text_atomic``, the rename here."""
+        if not self.persist:
+            return
         write_text_atomic(
             self.path,
             json.dumps(
@@ -120,18 +128,20 @@ class Journal:
         fsync_dir(self.folder)
 
     @staticmethod
-    def _verify(path: Path, expected: dict[str, Any]) -> bool:
+    def _verify(path: Path, expected: JsonValue) -> bool:
+        if not isinstance(expected, dict):
+            return False
         return (
             path.is_file()
-            and path.stat().st_size == expected["bytes"]
-            and file_sha256(path) == expected["sha256"]
+            and path.stat().st_size == expected.get("bytes")
+            and file_sha256(path) == expected.get("sha256")
         )
 
     def _resolve(self, name: str) -> Path:
         path = Path(name)
         return path if path.is_absolute() else self.folder / path
 
-    def completed(self, stage: str, exact: Path | None = None) -> dict[str, Any] | None:
+    def completed(self, stage: str, exact: Path | None = None) -> Entry | None:
         """The stage's recorded result if it completed and all its files verify, else None.
 
         With ``exact`` (a folder), the folder must also hold no file the stage did not record.
@@ -140,7 +150,8 @@ class Journal:
         entry = self.stages.get(stage)
         if entry is None:
             return None
-        files = entry.get("files", {})
+        files = entry.get("files")
+        files = files if isinstance(files, dict) else {}
         verified = all(self._verify(self._resolve(name), expected) for name, expected in files.items())
         if verified and exact is not None:
             present = {str(p.relative_to(self.folder)) for p in exact.rglob("*") if not p.is_dir()}
@@ -151,20 +162,19 @@ class Journal:
             return None
         if stage not in self.resumed:
             self.resumed.append(stage)
-        result: dict[str, Any] = entry.get("result", {})
-        return result
+        result = entry.get("result")
+        return result if isinstance(result, dict) else {}
 
-    def complete(self, stage: str, result: dict[str, Any], files: list[Path] | None = None) -> None:
+    def complete(self, stage: str, result: Entry, files: list[Path] | None = None) -> None:
         """Record ``stage`` as complete with its result and the checksums of ``files``."""
-        checksums: dict[str, dict[str, Any]] = {}
+        checksums: dict[str, JsonValue] = {}
         folder = self.folder.resolve()
         for path in sorted(files or []):
             full = path.resolve()  # files outside the run (shared cache) are kept absolute
             name = str(full.relative_to(folder)) if full.is_relative_to(folder) else str(full)
             checksums[name] = {"bytes": path.stat().st_size, "sha256": file_sha256(path)}
         for path in files or []:  # the data must be on disk before the journal says so
-            with path.open("rb") as handle:
-                os.fsync(handle.fileno())
+            fsync_file(path)
         for parent in {path.resolve().parent for path in files or []}:
             fsync_dir(parent)
         self.stages[stage] = {
@@ -188,11 +198,11 @@ class Journal:
     def holds_work(self) -> bool:
         """Whether a stage whose output lives only in this run has completed (worth keeping);
         the baseline reference lives in the shared cache and survives anyway."""
-        return any(stage.split(".")[0] in RUN_STAGES for stage in self.stages)
+        return any(stage.split(".")[0] not in SHARED_STAGES for stage in self.stages)
 
-    def checksums(self) -> dict[str, dict[str, Any]]:
+    def checksums(self) -> dict[str, JsonValue]:
         """Per stage: completion time and file checksums (paths relative to the run)."""
         return {
-            stage: {"completed": entry.get("completed"), "files": entry.get("files", {})}
+            stage: {"completed": entry.get("completed"), "files": entry.get("files") or {}}
             for stage, entry in self.stages.items()
         }

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from quantkit.errors import ModelSourceError
+from quantkit.fileio import file_sha256, write_text_atomic
 from quantkit.paths import cache_dir
 
 DEFAULT_MODEL = "smollm2-135m"
@@ -46,6 +47,23 @@ class ModelSource:
     def disk_bytes(self) -> int:
         return sum(p.stat().st_size for p in self.weight_files())
 
+    @classmethod
+    def recorded(cls, spec: str, path: str, kind: str, architecture: str) -> ModelSource:
+        """The source a finished run recorded; its folder must still be there."""
+        folder = Path(path)
+        if not (folder / "config.json").is_file():
+            raise ModelSourceError(
+                f"the run's baseline model '{folder}' is gone",
+                "the baseline is needed to compare against: restore it, or quantize again",
+            )
+        return cls(spec, folder, kind, architecture)
+
+    def parameters(self) -> int | None:
+        """Parameters stored in its safetensors files (None for .bin-only folders)."""
+        from quantkit.plan import count_parameters
+
+        return count_parameters(self.path) or None
+
 
 def weight_files(folder: Path) -> list[Path]:
     """Weight files of an HF folder, sorted."""
@@ -53,20 +71,6 @@ def weight_files(folder: Path) -> list[Path]:
     for pattern in _WEIGHT_PATTERNS:
         found.update(p for p in folder.glob(pattern) if p.is_file())
     return sorted(found)
-
-
-def folder_bytes(folder: Path) -> int:
-    """Total size of every file under ``folder``."""
-    return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
-
-
-def file_sha256(path: Path) -> str:
-    """sha256 of a file, read in 4 MiB blocks."""
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        for block in iter(lambda: handle.read(1 << 22), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def fingerprint(folder: Path) -> str:
@@ -99,21 +103,7 @@ def fingerprint(folder: Path) -> str:
     return value
 
 
-def write_text_atomic(path: Path, text: str) -> None:
-    """Write ``text`` to a temporary sibling, fsync it and rename it over ``path``."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-def _read_config(folder: Path) -> dict[str, Any]:
+def read_config(folder: Path) -> dict[str, Any]:
     config_path = folder / "config.json"
     if not config_path.is_file():
         raise ModelSourceError(
@@ -129,9 +119,16 @@ def _read_config(folder: Path) -> dict[str, Any]:
     return config
 
 
+def text_config(folder: Path) -> dict[str, Any]:
+    """The language model's part of config.json (``text_config`` of multimodal models)."""
+    config = read_config(folder)
+    text = config.get("text_config")
+    return text if isinstance(text, dict) else config
+
+
 def check_causal_lm(folder: Path, trust_remote_code: bool = False) -> str:
     """Check that ``folder`` holds a causal LM transformers can load; return its architecture."""
-    config = _read_config(folder)
+    config = read_config(folder)
     model_type = config.get("model_type")
     if config.get("auto_map") and not trust_remote_code:
         raise ModelSourceError(

@@ -93,11 +93,29 @@ def _count(shape: list[int]) -> int:
     return total
 
 
-def estimate(
-    model_path: Path, weight_bits: float, scheme: str, quantizes_embeddings: bool, context: int, batch: int,
-    device: str, device_memory: int | None,
-) -> Plan:  # fmt: skip
+@dataclass(frozen=True)
+class Target:
+    """What the weights become: the scheme, its bits per weight, whether embeddings shrink too."""
+
+    scheme: str
+    weight_bits: float
+    quantizes_embeddings: bool = False
+
+
+@dataclass(frozen=True)
+class Serving:
+    """How the model is served: tokens of KV cache per sequence, sequences, on which device."""
+
+    context: int
+    batch: int
+    device: str
+    device_memory: int | None = None
+
+
+def estimate(model_path: Path, target: Target, serving: Serving) -> Plan:
     """Estimate weights (before/after) and KV cache for ``context`` x ``batch`` tokens."""
+    weight_bits, scheme = target.weight_bits, target.scheme
+    context, batch = serving.context, serving.batch
     config = json.loads((model_path / "config.json").read_text(encoding="utf-8"))
     config = config.get("text_config", config)
     shapes = _tensor_shapes(model_path)
@@ -116,7 +134,7 @@ def estimate(
         elif len(shape) == 2:
             embeddings += count
     rest = params - linear - embeddings
-    embed_bits = weight_bits if quantizes_embeddings else 16.0
+    embed_bits = weight_bits if target.quantizes_embeddings else 16.0
     quantized = int(linear * weight_bits / 8 + embeddings * embed_bits / 8 + rest * 2)
     layers = int(config.get("num_hidden_layers", 0))
     heads = int(config.get("num_attention_heads", 1))
@@ -133,8 +151,8 @@ def estimate(
         batch,
         scheme,
         weight_bits,
-        device,
-        device_memory,
+        serving.device,
+        serving.device_memory,
     )
 
 
@@ -160,6 +178,17 @@ def check_quantization_fits(baseline_weights_bytes: int, device: str) -> None:
             f"(2 x {baseline_weights_bytes / GIB:.1f} GiB of weights), {have / GIB:.1f} GiB available",
             "free memory, use a larger device, or run `quantkit plan` to see the numbers",
         )
+
+
+def tensor_bytes(folder: Path) -> int:
+    """Bytes of tensor data in a folder's safetensors files (headers excluded)."""
+    total = 0
+    for path in sorted(folder.glob("*.safetensors")):
+        with path.open("rb") as handle:
+            prefix = handle.read(8)
+        if len(prefix) == 8:
+            total += path.stat().st_size - 8 - struct.unpack("<Q", prefix)[0]
+    return total
 
 
 def count_parameters(model_path: Path) -> int:

@@ -3,88 +3,24 @@
 from __future__ import annotations
 
 import copy
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Literal, TypeVar
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, Field, JsonValue, ValidationError
 
-from quantkit.bench_spec import BenchSpec
+from quantkit.backends import get_backend
 from quantkit.errors import RecipeError
-from quantkit.lm_eval_spec import EvalEntry
 from quantkit.paths import recipes_dir
-from quantkit.registry import did_you_mean, get_backend
+from quantkit.registry import did_you_mean
+from quantkit.specs import BenchSpec, CalibrationSpec, EvalEntry, EvalSpec, GateSpec, StrictModel
+
+if TYPE_CHECKING:
+    from quantkit.backends.base import Backend, BackendOptions
 
 MAX_RECIPE_BYTES = 1_000_000
-
-
-class StrictModel(BaseModel):
-    """Base for every recipe section: unknown fields are errors."""
-
-    model_config = ConfigDict(extra="forbid")
-
-
-class TextSource(StrictModel):
-    """Where text comes from: ``builtin``, a local ``.txt``/``.jsonl`` file, or ``hf:<dataset>``."""
-
-    source: str = "builtin"
-    text_field: str = Field("text", description="field holding the text in .jsonl / HF datasets")
-    split: str = Field("train", description="HF dataset split")
-    subset: str | None = Field(None, description="HF dataset configuration name")
-
-
-class CalibrationSpec(TextSource):
-    """Calibration tokens: ``num_samples`` windows of ``seq_len`` tokens, sampled with ``seed``."""
-
-    num_samples: int = Field(32, ge=1, le=100_000)
-    seq_len: int = Field(256, ge=8, le=131_072)
-    seed: int = 0
-    chat_template: bool = Field(False, description="render each document as a user turn of the chat template")
-
-
-class EvalSpec(TextSource):
-    """Evaluation windows: the first ``num_windows`` windows of ``seq_len`` tokens of the text."""
-
-    num_windows: int = Field(24, ge=1, le=100_000)
-    seq_len: int = Field(512, ge=8, le=131_072)
-    top_k: int = Field(32, ge=1, le=1024, description="baseline log-probs kept per position for KLD")
-    batch_size: int = Field(4, ge=1, le=1024)
-
-
-class GateSpec(StrictModel):
-    """Thresholds a run must meet (``max_*``/``min_*``; a missing metric fails its check) plus
-    the significance options. Relative to the baseline: ``max_ppl_increase_pct``,
-    ``min_top1_pct``, ``min_task_recovery_pct`` and the ``*_ratio`` fields; absolute:
-    ``max_kld``, ``max_kld_p99`` (nats) and ``max_peak_memory_bytes``."""
-
-    max_kld: float | None = Field(None, ge=0, description="max mean KL-divergence (nats)")
-    max_kld_p99: float | None = Field(None, ge=0, description="max 99th-percentile KLD (nats)")
-    max_ppl_increase_pct: float | None = Field(None, description="max perplexity increase, %")
-    min_top1_pct: float | None = Field(None, ge=0, le=100, description="min top-1 agreement, %")
-    min_task_recovery_pct: float | None = Field(
-        None, ge=0, description="min task score recovered, % of the baseline's"
-    )
-    min_decode_speed_ratio: float | None = Field(None, ge=0, description="min decode speed / baseline's")
-    min_prefill_speed_ratio: float | None = Field(None, ge=0, description="min prefill speed / baseline's")
-    max_peak_memory_bytes: int | None = Field(None, ge=0, description="max peak memory, bytes")
-    max_memory_ratio: float | None = Field(None, ge=0, description="max peak memory / baseline's")
-    require_significance: bool = Field(
-        False, description="judge KLD, ppl and top-1 by bootstrap intervals over the eval windows"
-    )
-    strict_inconclusive: bool = Field(
-        False, description="with require_significance: an interval straddling a threshold fails"
-    )
-    confidence: float = Field(0.95, gt=0, lt=1, description="confidence level of the intervals")
-    bootstrap_samples: int = Field(2000, ge=100, le=1_000_000, description="bootstrap resamples")
-    seed: int = Field(0, description="seed of the bootstrap resampling")
-
-    def is_empty(self) -> bool:
-        """True when no threshold (``max_*``/``min_*``) is set; the options do not count."""
-        return all(
-            getattr(self, name) is None
-            for name in type(self).model_fields
-            if name.startswith(("max_", "min_"))
-        )
+M = TypeVar("M", bound=BaseModel)
 
 
 class Recipe(StrictModel):
@@ -93,7 +29,7 @@ class Recipe(StrictModel):
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
     description: str = ""
     method: str
-    options: dict[str, Any] = Field(default_factory=dict)
+    options: dict[str, JsonValue] = Field(default_factory=dict)
     model: str | None = Field(None, description="HF folder, hub id or 'smollm2-135m' (default)")
     device: Literal["auto", "cpu", "cuda"] = "auto"
     seed: int = 0
@@ -106,8 +42,12 @@ class Recipe(StrictModel):
     def to_yaml(self) -> str:
         return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False)
 
+    def backend(self) -> Backend[BackendOptions]:
+        """This recipe's backend with its options validated (the recipe was validated already)."""
+        return get_backend(self.method).from_raw(self.options)
 
-def _model_for(loc: tuple[Any, ...]) -> type[BaseModel] | None:
+
+def _model_for(loc: tuple[str | int, ...]) -> type[BaseModel] | None:
     """The pydantic model that owns the field at ``loc`` (for did-you-mean on unknown fields)."""
     model: type[BaseModel] = Recipe
     for part in loc[:-1]:
@@ -122,9 +62,10 @@ def _model_for(loc: tuple[Any, ...]) -> type[BaseModel] | None:
     return model
 
 
-def _format_validation_error(
-    err: ValidationError, prefix: tuple[Any, ...] = (), owner: type[BaseModel] | None = None
+def format_validation_error(
+    err: ValidationError, prefix: tuple[str | int, ...] = (), owner: type[BaseModel] | None = None
 ) -> RecipeError:
+    """The first problem of a pydantic error as a one-line RecipeError naming the field."""
     first = err.errors()[0]
     loc = prefix + tuple(first["loc"])
     where = ".".join(str(part) for part in loc) or "recipe"
@@ -144,21 +85,66 @@ def _format_validation_error(
     )
 
 
-def validate_recipe(data: Any) -> Recipe:
+def validate_section(
+    model: type[M], data: Mapping[str, JsonValue], where: str, flags: Mapping[str, str] | None = None
+) -> M:
+    """Validate one recipe section; a bad value that came from a command-line flag is an error
+    naming the flag (``flags``: field -> flag), any other one names the recipe field."""
+    try:
+        return model.model_validate(dict(data))
+    except ValidationError as err:
+        first = err.errors()[0]
+        field = str(first["loc"][0]) if first["loc"] else ""
+        flag = (flags or {}).get(field)
+        if flag is None:
+            raise format_validation_error(err, (where,), model) from None
+        raise RecipeError(
+            f"invalid value for {flag}: {first['msg']} (got {first.get('input')!r})",
+            f"fix the value of {flag}",
+        ) from None
+
+
+def validate_recipe(data: object) -> Recipe:
     """Validate a raw mapping into a Recipe, including the method's own typed options."""
     if not isinstance(data, dict):
         raise RecipeError("a recipe must be a YAML mapping", "see recipes/ for examples")
     try:
         recipe = Recipe.model_validate(data)
     except ValidationError as err:
-        raise _format_validation_error(err) from None
-    backend = get_backend(recipe.method)
+        raise format_validation_error(err) from None
+    backend_cls = get_backend(recipe.method)
     try:
-        options = backend.Options.model_validate(recipe.options)
+        backend = backend_cls.from_raw(recipe.options)
     except ValidationError as err:
-        raise _format_validation_error(err, ("options",), backend.Options) from None
-    backend.check_recipe(options, recipe)
-    return recipe.model_copy(update={"options": options.model_dump(mode="json")})
+        raise format_validation_error(err, ("options",), backend_cls.options_model) from None
+    backend.check_options()
+    if backend.requires_calibration() and recipe.calibration is None:
+        raise RecipeError(
+            f"method '{recipe.method}' with these options needs calibration data, but calibration is null",
+            "remove 'calibration: null' (the built-in set is the default) or give a source",
+        )
+    return recipe.model_copy(update={"options": backend.options.model_dump(mode="json")})
+
+
+def option_changes(recipe: Recipe, base: Recipe) -> dict[str, JsonValue]:
+    """The method and options in which ``recipe`` differs from ``base`` (its file before
+    ``--set`` overrides): what makes the artifact something other than the recipe's name says."""
+    changes: dict[str, JsonValue] = {}
+    if recipe.method != base.method:
+        changes["method"] = recipe.method
+    for key, value in recipe.options.items():
+        if base.method != recipe.method or base.options.get(key) != value:
+            changes[key] = value
+    return changes
+
+
+def run_name(recipe: Recipe, base: Recipe) -> str:
+    """The run's display name: the recipe's, plus ``[key=value, ...]`` for changed options."""
+    changes = option_changes(recipe, base)
+    if not changes:
+        return recipe.name
+    shown = ", ".join(f"{key}={value}" for key, value in changes.items())
+    return f"{recipe.name} [{shown}]"
 
 
 def resolve_recipe_path(ref: str | Path) -> Path:
@@ -178,7 +164,7 @@ def resolve_recipe_path(ref: str | Path) -> Path:
 class _NoAliasLoader(yaml.SafeLoader):
     """Safe YAML loader that refuses aliases, which defeats 'billion laughs' recipes."""
 
-    def compose_node(self, parent: Any, index: Any) -> Any:
+    def compose_node(self, parent: yaml.Node | None, index: int) -> yaml.Node | None:
         if self.check_event(yaml.events.AliasEvent):
             mark = self.peek_event().start_mark
             raise yaml.composer.ComposerError(
@@ -187,7 +173,7 @@ class _NoAliasLoader(yaml.SafeLoader):
         return super().compose_node(parent, index)
 
 
-def read_yaml(path: Path, what: str, max_bytes: int = MAX_RECIPE_BYTES) -> Any:
+def read_yaml(path: Path, what: str, max_bytes: int = MAX_RECIPE_BYTES) -> object:
     """Parse a small YAML file safely (no aliases); errors name the file and the line."""
     try:
         size = path.stat().st_size
@@ -207,7 +193,7 @@ def read_yaml(path: Path, what: str, max_bytes: int = MAX_RECIPE_BYTES) -> Any:
         raise RecipeError(f"{path}: malformed YAML{where}: {problem}", "fix the YAML") from None
 
 
-def load_raw(path: Path) -> dict[str, Any]:
+def load_raw(path: Path) -> dict[str, JsonValue]:
     """Read a recipe file into a plain mapping (no validation yet)."""
     data = read_yaml(path, "recipe")
     if data is None:
@@ -217,9 +203,9 @@ def load_raw(path: Path) -> dict[str, Any]:
     return data
 
 
-def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+def apply_overrides(data: Mapping[str, JsonValue], overrides: list[str]) -> dict[str, JsonValue]:
     """Apply ``key.sub=value`` overrides (values parsed as YAML scalars) to a raw recipe."""
-    result = copy.deepcopy(data)
+    result = copy.deepcopy(dict(data))
     for item in overrides:
         key, sep, raw_value = item.partition("=")
         if not sep or not key.strip():
@@ -228,7 +214,7 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
             value = yaml.safe_load(raw_value) if raw_value.strip() else ""
         except yaml.YAMLError:
             value = raw_value
-        node: Any = result
+        node: dict[str, JsonValue] = result
         parts = key.strip().split(".")
         for part in parts[:-1]:
             child = node.get(part)
@@ -243,9 +229,16 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
 
 def load_recipe(ref: str | Path, overrides: list[str] | None = None) -> Recipe:
     """Load, override and validate a recipe given by path or shipped name."""
+    return load_recipe_and_base(ref, overrides)[0]
+
+
+def load_recipe_and_base(ref: str | Path, overrides: list[str] | None = None) -> tuple[Recipe, Recipe]:
+    """The recipe with ``overrides`` applied, and as its file stands (for ``run_name``)."""
     path = resolve_recipe_path(ref)
-    data = apply_overrides(load_raw(path), overrides or [])
+    raw = load_raw(path)
     try:
-        return validate_recipe(data)
+        recipe = validate_recipe(apply_overrides(raw, overrides or []))
+        base = validate_recipe(raw) if overrides else recipe
     except RecipeError as err:
         raise RecipeError(f"{path.name}: {err.message}", err.hint) from None
+    return recipe, base

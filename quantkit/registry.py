@@ -1,28 +1,20 @@
-"""One registry of quantization backends: name -> "module:Class", imported only when used."""
+"""A lazy registry: name -> "module:Class", imported only when it is used.
+
+There is one registry per kind, beside the kind: ``quantkit.backends.BACKENDS``,
+``quantkit.runtimes.RUNTIMES`` and ``quantkit.stages.STAGES``. Adding a backend, runtime or
+stage is one file plus one line in its table. Listing names imports nothing heavy; an
+unknown name is an error with a did-you-mean hint.
+"""
 
 from __future__ import annotations
 
 import difflib
 import importlib
-from typing import TYPE_CHECKING
+from typing import Generic, TypeVar
 
-from quantkit.errors import RecipeError
+from quantkit.errors import UserInputError
 
-if TYPE_CHECKING:
-    from quantkit.backends.base import Backend
-
-BACKENDS: dict[str, str] = {
-    "awq": "quantkit.backends.awq:AWQBackend",
-    "fp8": "quantkit.backends.fp8:FP8Backend",
-    "gguf": "quantkit.backends.gguf:GGUFBackend",
-    "gptq": "quantkit.backends.gptq:GPTQBackend",
-    "rtn": "quantkit.backends.rtn:RTNBackend",
-}
-
-
-def backend_names() -> list[str]:
-    """Registered backend names, sorted."""
-    return sorted(BACKENDS)
+T = TypeVar("T")
 
 
 def did_you_mean(name: str, choices: list[str]) -> str:
@@ -33,11 +25,31 @@ def did_you_mean(name: str, choices: list[str]) -> str:
     return "choose one of: " + ", ".join(choices)
 
 
-def get_backend(name: str) -> type[Backend]:
-    """Import and return the backend class registered under ``name``."""
-    target = BACKENDS.get(name)
-    if target is None:
-        raise RecipeError(f"unknown method '{name}'", did_you_mean(name, backend_names()))
-    module_name, _, class_name = target.partition(":")
-    cls: type[Backend] = getattr(importlib.import_module(module_name), class_name)
-    return cls
+class Registry(Generic[T]):
+    """Named entries of one kind, each a ``"module:attribute"`` string until first used."""
+
+    def __init__(self, kind: str, entries: dict[str, str], error: type[UserInputError]) -> None:
+        self.kind = kind
+        self._entries = dict(entries)
+        self._error = error
+
+    def names(self) -> list[str]:
+        return sorted(self._entries)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._entries
+
+    def register(self, name: str, target: str) -> None:
+        """Add (or replace) an entry: ``target`` is ``"package.module:Attribute"``."""
+        self._entries[name] = target
+
+    def unregister(self, name: str) -> None:
+        self._entries.pop(name, None)
+
+    def get(self, name: str) -> T:
+        target = self._entries.get(name)
+        if target is None:
+            raise self._error(f"unknown {self.kind} '{name}'", did_you_mean(name, self.names()))
+        module_name, _, attribute = target.partition(":")
+        loaded: T = getattr(importlib.import_module(module_name), attribute)
+        return loaded

@@ -4,24 +4,28 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import IO
+
+from pydantic import JsonValue, ValidationError
 
 from quantkit.errors import ArtifactError, OutputError, RunNotFoundError
 from quantkit.faults import failpoint
-from quantkit.journal import JOURNAL, Journal, fsync_dir
-from quantkit.models import write_text_atomic
+from quantkit.fileio import fsync_dir, write_json_atomic, write_text_atomic
+from quantkit.journal import JOURNAL, Journal
+from quantkit.manifest import READABLE_SCHEMAS, Manifest
 
 MANIFEST = "manifest.json"
-MANIFEST_SCHEMA = 1
 
 
-def new_run_id(recipe_name: str) -> str:
-    """A sortable, readable run id."""
-    return time.strftime("%Y%m%d-%H%M%S") + f"-{recipe_name}"
+def new_run_id(run_name: str) -> str:
+    """A sortable, readable run id: the time, then the run's name as a folder-safe slug."""
+    slug = re.sub(r"[^A-Za-z0-9._-]+", "-", run_name).strip("-.") or "run"
+    return time.strftime("%Y%m%d-%H%M%S") + f"-{slug}"
 
 
 def check_output(final_dir: Path, overwrite: bool, protected: list[Path], required_bytes: int = 0) -> None:
@@ -158,14 +162,19 @@ class RunWriter:
     def artifact_dir(self) -> Path:
         return self.tmp_dir / "artifact"
 
-    def open_journal(self, identity: dict[str, Any], fingerprint: dict[str, Any]) -> Journal:
+    @property
+    def folder(self) -> Path:
+        """Where the run's files are written now (the hidden partial folder)."""
+        return self.tmp_dir
+
+    def open_journal(self, identity: dict[str, JsonValue], fingerprint: dict[str, JsonValue]) -> Journal:
         """The run's journal (resumed when the folder holds one with the same fingerprint)."""
         self.journal = Journal.open(self.tmp_dir, identity, fingerprint)
         return self.journal
 
-    def write_json(self, name: str, data: Any) -> Path:
+    def write_json(self, name: str, data: JsonValue) -> Path:
         path = self.tmp_dir / name
-        write_text_atomic(path, json.dumps(data, indent=2, sort_keys=False) + "\n")
+        write_json_atomic(path, data)
         return path
 
     def write_text(self, name: str, text: str) -> Path:
@@ -210,24 +219,64 @@ class RunWriter:
         self._lock.close()
 
 
+class RunUpdater:
+    """A finished run being updated in place (``quantkit bench RUN``, ``quantkit eval RUN``),
+    under the same exclusive lock a writer holds; each file is replaced atomically."""
+
+    def __init__(self, run_dir: Path) -> None:
+        self.final_dir = run_dir
+        lock = _try_lock(run_dir, create=True, wait_s=2.0)
+        if lock is None:
+            raise OutputError(
+                f"another quantkit process is updating '{run_dir}'", "wait for it to finish, then run again"
+            )
+        self._lock = lock
+
+    @property
+    def folder(self) -> Path:
+        return self.final_dir
+
+    @property
+    def artifact_dir(self) -> Path:
+        return self.final_dir / "artifact"
+
+    def write_json(self, name: str, data: JsonValue) -> Path:
+        path = self.final_dir / name
+        write_json_atomic(path, data)
+        return path
+
+    def write_text(self, name: str, text: str) -> Path:
+        path = self.final_dir / name
+        write_text_atomic(path, text)
+        return path
+
+    def release(self) -> None:
+        (self.final_dir / LOCK_FILE).unlink(missing_ok=True)
+        self._lock.close()
+
+
 @dataclass
 class RunRecord:
     """A completed run read back from disk."""
 
     path: Path
-    manifest: dict[str, Any]
+    manifest: Manifest
 
     @property
     def name(self) -> str:
-        return str(self.manifest.get("run_id", self.path.name))
+        return self.manifest.run_id
 
     def metric(self, name: str) -> float | None:
-        entry = self.manifest.get("metrics", {}).get("quantized", {}).get(name)
-        return None if entry is None else entry.get("value")
+        return self.manifest.metric(name)
+
+
+def write_manifest(folder: RunWriter | RunUpdater, manifest: Manifest) -> Path:
+    """Write ``manifest.json`` (schema ``MANIFEST_SCHEMA``) into the run being built or updated."""
+    return folder.write_text(MANIFEST, manifest.model_dump_json(indent=2) + "\n")
 
 
 def load_run(path: Path) -> RunRecord:
-    """Read a finished run folder; partial or foreign folders are refused."""
+    """Read a finished run folder; partial, foreign or damaged folders are refused."""
     if not path.is_dir():
         raise RunNotFoundError(f"run '{path}' not found", "give a run folder made by quantkit quantize")
     manifest_path = path / MANIFEST
@@ -238,32 +287,47 @@ def load_run(path: Path) -> RunRecord:
             "(quantkit runs list shows interrupted runs)",
         )
     try:
-        manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
+        data = json.loads(manifest_path.read_text(encoding="utf-8"))
     except (ValueError, UnicodeDecodeError):
         raise RunNotFoundError(f"{manifest_path} is not valid JSON", "the run folder is damaged") from None
-    if not isinstance(manifest, dict) or manifest.get("status") != "complete":
+    if not isinstance(data, dict) or data.get("status") != "complete":
         raise RunNotFoundError(f"'{path}' is not a complete quantkit run", "run quantize again")
+    if data.get("schema_version") not in READABLE_SCHEMAS:
+        raise RunNotFoundError(
+            f"{manifest_path} has schema {data.get('schema_version')!r}; this quantkit reads "
+            f"{', '.join(map(str, READABLE_SCHEMAS))}",
+            "read it with the quantkit that wrote it, or run quantize again",
+        )
+    try:
+        manifest = Manifest.model_validate(data)
+    except ValidationError as err:
+        first = err.errors()[0]
+        where = ".".join(str(part) for part in first["loc"])
+        raise RunNotFoundError(
+            f"{manifest_path} is damaged: '{where}': {first['msg']}",
+            "copy the run again or run quantize again",
+        ) from None
     _check_recorded_sizes(path, manifest)
     return RunRecord(path=path, manifest=manifest)
 
 
-def _check_recorded_sizes(path: Path, manifest: dict[str, Any]) -> None:
+def _check_recorded_sizes(path: Path, manifest: Manifest) -> None:
     """Refuse a run whose artifact files no longer have the sizes its manifest recorded (a
     truncated copy, a half-synced folder). Sizes only: cheap enough for every command that
     reads runs. (Later commands may add lm-eval samples; the artifact never changes.)"""
-    quantize_stage = (manifest.get("stages") or {}).get("quantize") or {}
-    for name, recorded in (quantize_stage.get("files") or {}).items():
+    quantize_stage = manifest.stages.get("quantize")
+    for name, recorded in (quantize_stage.files if quantize_stage else {}).items():
         file = path / name
         actual = file.stat().st_size if file.is_file() else None
-        if actual != recorded.get("bytes"):
+        if actual != recorded.bytes:
             found = "is missing" if actual is None else f"has {actual} bytes"
             raise ArtifactError(
-                f"run '{path}' is damaged: {name} {found}, the manifest recorded {recorded.get('bytes')}",
+                f"run '{path}' is damaged: {name} {found}, the manifest recorded {recorded.bytes}",
                 "copy the run folder again, or re-run quantize",
             )
 
 
-def find_resumable(folder: Path, identity: dict[str, Any]) -> Path | None:
+def find_resumable(folder: Path, identity: dict[str, JsonValue]) -> Path | None:
     """The newest ``.NAME.partial`` in ``folder`` left by the same command (``identity``) and
     not held by a live process; its run folder is ``final_dir_of`` it."""
     if not folder.is_dir():

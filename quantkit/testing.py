@@ -13,7 +13,7 @@ def make_tiny_tokenizer(out: Path, vocab_size: int = 384) -> None:
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
-    from quantkit.recipe import TextSource
+    from quantkit.specs import TextSource
 
     tokenizer = Tokenizer(models.BPE())
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)

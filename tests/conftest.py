@@ -70,6 +70,43 @@ def tiny_recipe(tmp_path: Path, tiny_model: Path) -> Path:
     return write_tiny_recipe(tmp_path, tiny_model)
 
 
+V1_RUN = Path(__file__).parent / "data" / "run-v1"  # a run written by quantkit 0.1 (manifest schema 1)
+
+
+def synthetic_record(
+    name: str, scheme: str, quantized: dict[str, float], baseline: dict[str, float], **fields: object
+):
+    """A run record with chosen metrics, built on the schema-1 run in tests/data (for report
+    tests that need many runs). ``fields``: ``bits``, ``disk``, ``model``, ``fingerprint``."""
+    import json
+
+    from quantkit.manifest import Manifest, with_info
+    from quantkit.store import RunRecord
+
+    data = json.loads((V1_RUN / "manifest.json").read_text())
+    run_id = "20260101-000000-" + "".join(c if c.isalnum() else "-" for c in name)
+    data |= {"run_id": run_id, "name": name, "gate": None, "bench": None, "lm_eval": None, "stages": {}}
+    data["recipe"]["method"] = "gptq"
+    data["model"] |= {
+        "spec": fields.get("model", "tiny/model"),
+        "fingerprint": fields.get("fingerprint", "f" * 64),
+        "disk_bytes": 540_000_000,
+        "parameters": 135_000_000,
+    }
+    data["baseline"] = {"dtype": "bfloat16", "weight_bits": 16}
+    data["artifact"] |= {
+        "scheme": scheme,
+        "weight_bits": fields.get("bits", 4.0),
+        "disk_bytes": fields.get("disk", 1),
+    }
+    data["metrics"] = {
+        "baseline": {key: value.model_dump() for key, value in with_info(baseline).items()},
+        "quantized": {key: value.model_dump() for key, value in with_info(quantized).items()},
+    }
+    data["timings"] = {"quantize_s": 3.5}
+    return RunRecord(path=Path("/runs") / run_id, manifest=Manifest.model_validate(data))
+
+
 CHROMIUM = Path("/usr/bin/chromium")
 
 

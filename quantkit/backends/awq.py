@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Literal
 
 from pydantic import Field
 
@@ -20,24 +20,23 @@ class AWQOptions(IntWeightOptions):
     n_grid: int = Field(20, ge=2, le=200, description="grid points of the scale search")
 
 
-class AWQBackend(IntWeightBackend):
+class AWQBackend(IntWeightBackend[AWQOptions]):
     """AWQ W{3,4,8}A16 via llm-compressor's AWQ transform + QuantizationModifier."""
 
     name = "awq"
     summary = "AWQ activation-aware integer weights (W4A16) via llm-compressor"
-    Options = AWQOptions
+    options_model = AWQOptions
 
-    @classmethod
-    def requires_calibration(cls, options: Any) -> bool:
+    def requires_calibration(self) -> bool:
         return True
 
     def quantize(self, job: QuantizeJob) -> Artifact:
         from llmcompressor.modifiers.quantization import QuantizationModifier
         from llmcompressor.modifiers.transform.awq import AWQModifier
 
-        options: AWQOptions = job.options  # type: ignore[assignment]
+        options = self.options
         recipe = [
             AWQModifier(duo_scaling=options.duo_scaling, n_grid=options.n_grid),
             QuantizationModifier(config_groups=options.config_groups(), ignore=options.ignore),
         ]
-        return self._run(job, recipe, job.calibration)
+        return self._run(job, recipe, calibrated=True)

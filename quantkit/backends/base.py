@@ -1,20 +1,21 @@
-"""The Backend interface: typed options, a calibration capability flag, and quantize()."""
+"""The Backend interface: typed options, a calibration capability flag, and quantize().
+
+A backend is generic over its options model: ``GPTQBackend(Backend[GPTQOptions])`` gets its
+own options type back from ``self.options``, validated once by ``Backend.from_raw``.
+"""
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, ClassVar, Generic, TypeVar, cast
 
-from pydantic import BaseModel, ConfigDict
-
-from quantkit.errors import RecipeError
+from pydantic import BaseModel, ConfigDict, JsonValue
 
 if TYPE_CHECKING:
-    from quantkit.calibration import TokenWindows
-    from quantkit.recipe import Recipe
+    from quantkit.tokens import TokenWindows
 
 
 class BackendOptions(BaseModel):
@@ -23,20 +24,30 @@ class BackendOptions(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+OptionsT_co = TypeVar("OptionsT_co", bound=BackendOptions, covariant=True)
+
+
+def _silent(message: str) -> None:
+    return None
+
+
+def _no_progress(index: int) -> None:
+    return None
+
+
 @dataclass
 class QuantizeJob:
-    """Everything a backend needs to make one artifact."""
+    """Everything a backend needs to make one artifact (its options live on the backend)."""
 
     model_path: Path
-    options: BackendOptions
     out_dir: Path
     device: str
     seed: int
     calibration: TokenWindows | None = None
     trust_remote_code: bool = False
     verbose: bool = False
-    log: Callable[[str], None] = lambda message: None
-    on_layer: Callable[[int], None] = lambda index: None  # a decoder layer index is being worked on
+    log: Callable[[str], None] = _silent
+    on_layer: Callable[[int], None] = _no_progress  # a decoder layer index is being worked on
 
 
 @dataclass
@@ -48,42 +59,52 @@ class Artifact:
     runtime: str
     scheme: str
     weight_bits: float
-    details: dict[str, Any] = field(default_factory=dict)
+    details: dict[str, JsonValue] = field(default_factory=dict)
 
 
-class Backend(ABC):
-    """A quantization method. Subclasses are registered by name in ``quantkit.registry``."""
+class Backend(ABC, Generic[OptionsT_co]):
+    """A quantization method with its validated options. Registered in ``quantkit.backends.BACKENDS``."""
 
     name: ClassVar[str]
     summary: ClassVar[str]
-    Options: ClassVar[type[BackendOptions]]
+    options_model: ClassVar[type[BackendOptions]]
     runtime: ClassVar[str] = "hf"
     library: ClassVar[str] = ""
 
+    def __init__(self, options: OptionsT_co) -> None:
+        self._options = options
+
+    @property
+    def options(self) -> OptionsT_co:
+        return self._options
+
     @classmethod
+    def from_raw(cls, raw: Mapping[str, JsonValue]) -> Backend[BackendOptions]:
+        """Validate raw recipe options into this backend (pydantic errors propagate)."""
+        options = cast("OptionsT_co", cls.options_model.model_validate(dict(raw)))
+        return cls(options)
+
+    def check_options(self) -> None:
+        """Refuse option combinations that cannot work (before any model is loaded)."""
+        return None
+
     @abstractmethod
-    def requires_calibration(cls, options: Any) -> bool:
+    def requires_calibration(self) -> bool:
         """Whether these options need calibration tokens (the pipeline decides, not the user)."""
 
-    @classmethod
-    def check_recipe(cls, options: Any, recipe: Recipe) -> None:
-        """Refuse option combinations that cannot work, before any model is loaded."""
-        if cls.requires_calibration(options) and recipe.calibration is None:
-            raise RecipeError(
-                f"method '{cls.name}' with these options needs calibration data, but calibration is null",
-                "remove 'calibration: null' (the built-in set is the default) or give a source",
-            )
-
-    @classmethod
-    def check_model(cls, options: Any, config: dict[str, Any]) -> None:
+    def check_model(self, config: Mapping[str, JsonValue]) -> None:
         """Refuse options that cannot fit this model (from its config.json, before loading it)."""
         return None
 
-    @classmethod
     @abstractmethod
-    def describe(cls, options: Any) -> tuple[str, float]:
-        """The scheme name and nominal weight bits these options give."""
+    def describe(self) -> tuple[str, float]:
+        """The scheme name and nominal bits per quantized weight these options give."""
 
     @abstractmethod
     def quantize(self, job: QuantizeJob) -> Artifact:
         """Quantize ``job.model_path`` into ``job.out_dir`` and describe the artifact."""
+
+    def runtime_baseline(self, model_path: Path, log: Callable[[str], None]) -> Path | None:
+        """The unquantized model in this backend's runtime when that is not transformers (the
+        F16 GGUF for llama.cpp), so speed is also compared runtime against runtime."""
+        return None

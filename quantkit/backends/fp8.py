@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Literal
 
 from pydantic import Field
 
@@ -20,31 +20,29 @@ class FP8Options(BackendOptions):
     ignore: list[str] = Field(default_factory=lambda: ["lm_head"])
 
 
-class FP8Backend(Backend):
+class FP8Backend(Backend[FP8Options]):
     """FP8 (E4M3) weight quantization through llm-compressor's QuantizationModifier."""
 
     name = "fp8"
     summary = "FP8 E4M3 weights (dynamic or static activations) via llm-compressor"
-    Options = FP8Options
+    options_model = FP8Options
     runtime = "hf"
     library = "llmcompressor"
 
-    @classmethod
-    def requires_calibration(cls, options: Any) -> bool:
-        return bool(options.scheme == "FP8")
+    def requires_calibration(self) -> bool:
+        return self.options.scheme == "FP8"
 
-    @classmethod
-    def describe(cls, options: Any) -> tuple[str, float]:
-        return str(options.scheme), 8.0
+    def describe(self) -> tuple[str, float]:
+        return self.options.scheme, 8.0
 
     def quantize(self, job: QuantizeJob) -> Artifact:
         from llmcompressor.modifiers.quantization import QuantizationModifier
 
-        options: FP8Options = job.options  # type: ignore[assignment]
+        options = self.options
         modifier = QuantizationModifier(targets=options.targets, scheme=options.scheme, ignore=options.ignore)
-        calibration = job.calibration if self.requires_calibration(options) else None
+        calibration = job.calibration if self.requires_calibration() else None
         details = run_oneshot(job, modifier, calibration)
-        scheme, bits = self.describe(options)
+        scheme, bits = self.describe()
         return Artifact(
             path=job.out_dir,
             format="compressed-tensors",

@@ -6,16 +6,22 @@ import ctypes
 import hashlib
 import os
 import shutil
+import time
 from collections import Counter
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Literal
 
-from pydantic import Field
+from pydantic import Field, JsonValue
 
 from quantkit.backends.base import Artifact, Backend, BackendOptions, QuantizeJob
 from quantkit.errors import BackendError, RecipeError
 from quantkit.faults import failpoint
 from quantkit.progress import native_stderr_captured
+
+if TYPE_CHECKING:
+    import numpy as np
 
 GGUFType = Literal[
     "F32", "F16", "BF16", "Q8_0", "Q6_K", "Q5_K_M", "Q5_K_S", "Q5_0", "Q4_K_M", "Q4_K_S", "Q4_0",
@@ -43,66 +49,104 @@ class GGUFOptions(BackendOptions):
     threads: int | None = Field(None, ge=1, description="quantization threads (default: all cores)")
 
 
-class GGUFBackend(Backend):
+@dataclass(frozen=True)
+class GGUFInfo:
+    """What a GGUF file holds: architecture, tensor types, parameters and real bits per weight."""
+
+    architecture: str | None
+    tensor_types: dict[str, int]
+    parameters: int
+    bits_per_weight: float
+    file_bytes: int
+    input_widths: dict[str, int]
+
+    def details(self) -> dict[str, JsonValue]:
+        types: dict[str, JsonValue] = dict(self.tensor_types)
+        return {
+            "architecture": self.architecture,
+            "tensor_types": types,
+            "parameters": self.parameters,
+            "bits_per_weight": self.bits_per_weight,
+            "file_bytes": self.file_bytes,
+        }
+
+
+class GGUFBackend(Backend[GGUFOptions]):
     """HF -> GGUF (llama.cpp converter) -> llama.cpp k-quants / i-quants, run by llama.cpp."""
 
     name = "gguf"
     summary = "GGUF for llama.cpp: k-quants and i-quants, optional imatrix (llama-cpp-python)"
-    Options = GGUFOptions
+    options_model = GGUFOptions
     runtime = "llamacpp"
     library = "llama-cpp-python"
 
-    @classmethod
-    def requires_calibration(cls, options: Any) -> bool:
-        return bool(options.imatrix)
+    def requires_calibration(self) -> bool:
+        return self.options.imatrix
 
-    @classmethod
-    def check_recipe(cls, options: Any, recipe: Any) -> None:
-        if options.type in NEEDS_IMATRIX and not options.imatrix:
+    def check_options(self) -> None:
+        if self.options.type in NEEDS_IMATRIX and not self.options.imatrix:
             raise RecipeError(
-                f"GGUF type {options.type} needs an importance matrix",
+                f"GGUF type {self.options.type} needs an importance matrix",
                 "set options.imatrix=true (computed from the calibration set)",
             )
-        super().check_recipe(options, recipe)
 
-    @classmethod
-    def check_model(cls, options: Any, config: dict[str, Any]) -> None:
+    def check_model(self, config: Mapping[str, JsonValue]) -> None:
         """llama-cpp-python present and the architecture convertible, before anything is written."""
         from quantkit.llama_cpp_convert import check_architecture, ensure_converter
 
-        architectures = config.get("architectures") or [str(config.get("model_type"))]
-        check_architecture(str(architectures[0]), ensure_converter())
+        architectures = config.get("architectures")
+        first = architectures[0] if isinstance(architectures, list) and architectures else None
+        check_architecture(str(first or config.get("model_type")), ensure_converter())
 
-    @classmethod
-    def describe(cls, options: Any) -> tuple[str, float]:
-        suffix = "+imatrix" if options.imatrix else ""
-        return f"{options.type}{suffix}", NOMINAL_BITS[options.type]
+    def describe(self) -> tuple[str, float]:
+        suffix = "+imatrix" if self.options.imatrix else ""
+        return f"{self.options.type}{suffix}", NOMINAL_BITS[self.options.type]
 
-    def quantize(self, job: QuantizeJob) -> Artifact:
+    def _converted(self, model_path: Path, log: Callable[[str], None]) -> tuple[Path, float | None]:
+        """The unquantized GGUF of ``model_path``, cached per (model, precision, converter
+        version); with the seconds the conversion took (None when it came from the cache)."""
         from quantkit.llama_cpp_convert import bindings_version, convert, ensure_converter
         from quantkit.models import fingerprint
         from quantkit.paths import cache_dir
 
-        options: GGUFOptions = job.options  # type: ignore[assignment]
-        converter = ensure_converter(job.log)
+        outtype = self.options.outtype
+        converter = ensure_converter(log)
+        key = hashlib.sha256(f"{fingerprint(model_path)}|{outtype}|{bindings_version()}".encode()).hexdigest()
+        base = cache_dir() / "gguf" / f"{key[:24]}-{outtype}.gguf"
+        if base.is_file():
+            return base, None
+        log(f"converting to a {outtype} GGUF with llama.cpp's converter")
+        base.parent.mkdir(parents=True, exist_ok=True)
+        partial = base.with_name(f".{base.name}.{os.getpid()}.partial")
+        start = time.perf_counter()
+        try:
+            convert(model_path, partial, outtype, converter)
+            os.replace(partial, base)
+        finally:
+            partial.unlink(missing_ok=True)
+        return base, round(time.perf_counter() - start, 3)
+
+    def runtime_baseline(self, model_path: Path, log: Callable[[str], None]) -> Path | None:
+        return self._converted(model_path, log)[0]
+
+    def quantize(self, job: QuantizeJob) -> Artifact:
+        from quantkit.fileio import file_sha256
+        from quantkit.llama_cpp_convert import bindings_version
+
+        options = self.options
         job.out_dir.mkdir(parents=True, exist_ok=True)
         out_file = job.out_dir / "model.gguf"
-
-        # the unquantized GGUF is cached per (model, precision, converter version)
-        key = hashlib.sha256(
-            f"{fingerprint(job.model_path)}|{options.outtype}|{bindings_version()}".encode()
-        ).hexdigest()[:24]
-        base = cache_dir() / "gguf" / f"{key}-{options.outtype}.gguf"
-        if not base.is_file():
-            job.log(f"converting to a {options.outtype} GGUF with llama.cpp's converter")
-            base.parent.mkdir(parents=True, exist_ok=True)
-            partial = base.with_name(f".{base.name}.{os.getpid()}.partial")
-            try:
-                convert(job.model_path, partial, options.outtype, converter)
-                os.replace(partial, base)
-            finally:
-                partial.unlink(missing_ok=True)
-        details: dict[str, Any] = {"library": "llama-cpp-python", "library_version": bindings_version()}
+        base, conversion_s = self._converted(job.model_path, job.log)
+        details: dict[str, JsonValue] = {
+            "library": "llama-cpp-python",
+            "library_version": bindings_version(),
+            "source_gguf": {
+                "path": str(base),
+                "sha256": file_sha256(base),
+                "outtype": options.outtype,
+                "conversion_s": conversion_s,
+            },
+        }
         if options.type.lower() == options.outtype:
             shutil.copyfile(base, out_file)
         else:
@@ -121,26 +165,27 @@ class GGUFBackend(Backend):
                     "chunks": job.calibration.ids.shape[0] if job.calibration is not None else 0,
                 }
         info = inspect_gguf(out_file)
-        info.pop("input_widths")
-        details |= info
-        scheme, _ = self.describe(options)
-        return Artifact(job.out_dir, "gguf", self.runtime, scheme, details["bits_per_weight"], details)
+        details |= info.details()
+        scheme, _ = self.describe()
+        return Artifact(job.out_dir, "gguf", self.runtime, scheme, info.bits_per_weight, details)
 
-    def _imatrix(self, job: QuantizeJob, base: Path) -> dict[str, Any]:
+    def _imatrix(self, job: QuantizeJob, base: Path) -> dict[str, np.ndarray]:
         from quantkit.backends import imatrix
 
         if job.calibration is None:
             raise BackendError("the importance matrix needs calibration tokens", "report this")
         job.log("computing the importance matrix on the calibration tokens")
         info = inspect_gguf(base)
+        if info.architecture is None:
+            raise BackendError(f"'{base}' names no architecture", "report this")
         matrix = imatrix.compute(
-            job.model_path, job.calibration, info["architecture"], info["input_widths"], job.device
+            job.model_path, job.calibration, info.architecture, info.input_widths, job.device
         )
         imatrix.save(matrix, job.out_dir / "imatrix.gguf", f"quantkit:{job.calibration.hash[:16]}")
         return matrix.means()
 
 
-def inspect_gguf(path: Path) -> dict[str, Any]:
+def inspect_gguf(path: Path) -> GGUFInfo:
     """Architecture, tensor-type histogram, parameter count and real bits per weight."""
     import gguf
 
@@ -151,18 +196,18 @@ def inspect_gguf(path: Path) -> dict[str, Any]:
     params = sum(int(tensor.n_elements) for tensor in reader.tensors)
     data_bytes = sum(int(tensor.n_bytes) for tensor in reader.tensors)
     widths = {tensor.name: int(tensor.shape[0]) for tensor in reader.tensors if len(tensor.shape) >= 2}
-    return {
-        "architecture": architecture,
-        "tensor_types": dict(sorted(histogram.items())),
-        "parameters": params,
-        "bits_per_weight": round(8 * data_bytes / max(params, 1), 3),
-        "file_bytes": path.stat().st_size,
-        "input_widths": widths,
-    }
+    return GGUFInfo(
+        architecture=None if architecture is None else str(architecture),
+        tensor_types=dict(sorted(histogram.items())),
+        parameters=params,
+        bits_per_weight=round(8 * data_bytes / max(params, 1), 3),
+        file_bytes=path.stat().st_size,
+        input_widths=widths,
+    )
 
 
 def _llama_quantize(
-    source: Path, target: Path, type_name: str, threads: int | None, imatrix: dict[str, Any] | None
+    source: Path, target: Path, type_name: str, threads: int | None, imatrix: dict[str, np.ndarray] | None
 ) -> None:
     import llama_cpp
     import numpy as np
@@ -173,7 +218,7 @@ def _llama_quantize(
     params = llama_cpp.llama_model_quantize_default_params()
     params.ftype = ftype
     params.nthread = threads or 0
-    keep: list[Any] = []
+    keep: list[object] = []
     if imatrix:
         entries = (llama_cpp.llama_model_imatrix_data * (len(imatrix) + 1))()
         for index, (name, values) in enumerate(sorted(imatrix.items())):

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Literal
 
 from pydantic import Field
 
@@ -23,21 +23,20 @@ class GPTQOptions(IntWeightOptions):
     engine: Literal["llmcompressor"] = Field("llmcompressor", description="implementation")
 
 
-class GPTQBackend(IntWeightBackend):
+class GPTQBackend(IntWeightBackend[GPTQOptions]):
     """GPTQ W{3,4,8}A16 via llm-compressor (sequential, layer by layer)."""
 
     name = "gptq"
     summary = "GPTQ integer weights (W4A16/W8A16/W3A16) via llm-compressor"
-    Options = GPTQOptions
+    options_model = GPTQOptions
 
-    @classmethod
-    def requires_calibration(cls, options: Any) -> bool:
+    def requires_calibration(self) -> bool:
         return True
 
     def quantize(self, job: QuantizeJob) -> Artifact:
         from llmcompressor.modifiers.gptq import GPTQModifier
 
-        options: GPTQOptions = job.options  # type: ignore[assignment]
+        options = self.options
         actorder = options.actorder if options.group_size else None
         modifier = GPTQModifier(
             config_groups=options.config_groups(actorder=actorder),
@@ -45,4 +44,4 @@ class GPTQBackend(IntWeightBackend):
             dampening_frac=options.dampening_frac,
             block_size=options.block_size,
         )
-        return self._run(job, modifier, job.calibration)
+        return self._run(job, modifier, calibrated=True)

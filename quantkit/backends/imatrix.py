@@ -40,12 +40,12 @@ def compute(
     import torch
     from transformers import AutoModelForCausalLM
 
-    from quantkit.runtimes.hf import torch_dtype_for
+    from quantkit.device import compute_dtype
 
     arch = {name: key for key, name in gguf.MODEL_ARCH_NAMES.items()}.get(gguf_arch)
     if arch is None:
         raise BackendError(f"the gguf package does not know architecture '{gguf_arch}'", "upgrade gguf")
-    model: Any = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch_dtype_for(device))
+    model: Any = AutoModelForCausalLM.from_pretrained(model_path, dtype=compute_dtype(device))
     model = model.to(device).eval()
     name_map = gguf.get_tensor_name_map(arch, model.config.num_hidden_layers)
     sums: dict[str, Any] = {}

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from collections.abc import Mapping
+from typing import Literal, TypeVar
 
-from pydantic import Field, field_validator
+from pydantic import Field, JsonValue, field_validator
 
 from quantkit.backends.base import Artifact, Backend, BackendOptions, QuantizeJob
 from quantkit.errors import RecipeError
@@ -33,9 +34,9 @@ class IntWeightOptions(BackendOptions):
         group = f"g{self.group_size}" if self.group_size else "per-channel"
         return f"W{self.bits}A16-{group}{'' if self.symmetric else '-asym'}"
 
-    def weights_args(self, **extra: Any) -> dict[str, Any]:
+    def weights_args(self, actorder: str | None = None) -> dict[str, JsonValue]:
         """compressed-tensors ``QuantizationArgs`` for the weights."""
-        args: dict[str, Any] = {
+        args: dict[str, JsonValue] = {
             "num_bits": self.bits,
             "type": "int",
             "symmetric": self.symmetric,
@@ -43,10 +44,13 @@ class IntWeightOptions(BackendOptions):
         }
         if self.group_size:
             args["group_size"] = self.group_size
-        return args | extra
+        if actorder is not None:
+            args["actorder"] = actorder
+        return args
 
-    def config_groups(self, **extra: Any) -> dict[str, Any]:
-        return {"group_0": {"targets": list(self.targets), "weights": self.weights_args(**extra)}}
+    def config_groups(self, actorder: str | None = None) -> dict[str, JsonValue]:
+        targets: list[JsonValue] = list(self.targets)
+        return {"group_0": {"targets": targets, "weights": self.weights_args(actorder)}}
 
     def effective_bits(self) -> float:
         """Bits per weight including the fp16 scale (and zero point) per group."""
@@ -56,14 +60,14 @@ class IntWeightOptions(BackendOptions):
         return self.bits + overhead / self.group_size
 
 
-def check_group_size_divides(options: IntWeightOptions, config: dict[str, Any]) -> None:
+def check_group_size_divides(options: IntWeightOptions, config: Mapping[str, JsonValue]) -> None:
     """Refuse a group size that does not divide the model's linear input widths."""
     if not options.group_size:
         return
     widths: dict[str, int] = {
-        name: int(config[name])
+        name: value
         for name in ("hidden_size", "intermediate_size")
-        if isinstance(config.get(name), int)
+        if isinstance(value := config.get(name), int)
     }
     bad = {name: width for name, width in widths.items() if width % options.group_size}
     if bad:
@@ -73,23 +77,24 @@ def check_group_size_divides(options: IntWeightOptions, config: dict[str, Any]) 
         raise RecipeError(f"options.group_size={options.group_size} does not divide {shown}", hint)
 
 
-class IntWeightBackend(Backend):
+IntOptionsT = TypeVar("IntOptionsT", bound=IntWeightOptions, covariant=True)
+
+
+class IntWeightBackend(Backend[IntOptionsT]):
     """Shared behaviour of the integer weight-only backends (GPTQ, AWQ, RTN via llm-compressor)."""
 
     runtime = "hf"
     library = "llmcompressor"
 
-    @classmethod
-    def check_model(cls, options: Any, config: dict[str, Any]) -> None:
-        check_group_size_divides(options, config)
+    def check_model(self, config: Mapping[str, JsonValue]) -> None:
+        check_group_size_divides(self.options, config)
 
-    @classmethod
-    def describe(cls, options: Any) -> tuple[str, float]:
-        return options.scheme_name(), options.effective_bits()
+    def describe(self) -> tuple[str, float]:
+        return self.options.scheme_name(), self.options.effective_bits()
 
-    def _run(self, job: QuantizeJob, recipe: Any, calibration: Any) -> Artifact:
+    def _run(self, job: QuantizeJob, recipe: object, calibrated: bool) -> Artifact:
         from quantkit.backends.llmcompressor_run import run_oneshot
 
-        details = run_oneshot(job, recipe, calibration)
-        scheme, bits = self.describe(job.options)
+        details = run_oneshot(job, recipe, job.calibration if calibrated else None)
+        scheme, bits = self.describe()
         return Artifact(job.out_dir, "compressed-tensors", self.runtime, scheme, bits, details)

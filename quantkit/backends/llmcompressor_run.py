@@ -124,12 +124,12 @@ def run_oneshot(job: QuantizeJob, recipe: Any, calibration: TokenWindows | None)
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from quantkit.runtimes.hf import torch_dtype_for
+    from quantkit.device import compute_dtype
 
     job.log("loading the model for quantization")
     model: Any = AutoModelForCausalLM.from_pretrained(
         job.model_path,
-        dtype=torch_dtype_for(job.device),
+        dtype=compute_dtype(job.device),
         trust_remote_code=job.trust_remote_code,
     )
     if job.device != "cpu":

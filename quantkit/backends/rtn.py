@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from quantkit.backends.base import Artifact, QuantizeJob
 from quantkit.backends.int_weights import IntWeightBackend, IntWeightOptions
 
@@ -12,20 +10,20 @@ class RTNOptions(IntWeightOptions):
     """Round-to-nearest with min-max scales; no calibration."""
 
 
-class RTNBackend(IntWeightBackend):
+class RTNBackend(IntWeightBackend[RTNOptions]):
     """RTN W{3,4,8}A16 via llm-compressor's QuantizationModifier (data-free)."""
 
     name = "rtn"
     summary = "round-to-nearest integer weights (data-free baseline for GPTQ/AWQ)"
-    Options = RTNOptions
+    options_model = RTNOptions
 
-    @classmethod
-    def requires_calibration(cls, options: Any) -> bool:
+    def requires_calibration(self) -> bool:
         return False
 
     def quantize(self, job: QuantizeJob) -> Artifact:
         from llmcompressor.modifiers.quantization import QuantizationModifier
 
-        options: RTNOptions = job.options  # type: ignore[assignment]
-        modifier = QuantizationModifier(config_groups=options.config_groups(), ignore=options.ignore)
-        return self._run(job, modifier, None)
+        modifier = QuantizationModifier(
+            config_groups=self.options.config_groups(), ignore=self.options.ignore
+        )
+        return self._run(job, modifier, calibrated=False)

@@ -44,10 +44,20 @@ def root(
     """quantkit command line."""
 
 
-INTERRUPTED_HINT = (
+RESUME_HINT = (
     "run the same command again: it resumes from any completed stage that was kept "
     "(quantkit runs list shows them, quantkit runs clean removes them)"
 )
+UPDATE_HINT = "the run was left as it was (it is rewritten only at the end): run the same command again"
+RERUN_HINT = "nothing was changed: run the same command again"
+
+
+def interrupted_hint(argv: list[str]) -> str:
+    """What an interrupted command leaves: only quantize keeps stages to resume from."""
+    command = next((arg for arg in argv if not arg.startswith("-")), "")
+    if command == "quantize":
+        return RESUME_HINT
+    return UPDATE_HINT if command in ("bench", "eval") else RERUN_HINT
 
 
 def _fail(message: str, hint: str, code: int) -> int:
@@ -63,11 +73,12 @@ def _fail(message: str, hint: str, code: int) -> int:
 def main(argv: list[str] | None = None) -> int:
     """Run the CLI; map errors to one line, a hint and an exit code (2 input, 3 internal)."""
     debug = bool(os.environ.get("QUANTKIT_DEBUG"))
+    hint = interrupted_hint(sys.argv[1:] if argv is None else argv)
     try:
         result = app(args=argv, standalone_mode=False)
         code = int(result) if isinstance(result, int) else 0
         if code == 130:  # typer turns Ctrl-C into exit code 130
-            return _fail("interrupted", INTERRUPTED_HINT, 130)
+            return _fail("interrupted", hint, 130)
         return code
     except QuantkitError as err:
         if debug:
@@ -76,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
     except typer.Exit as err:
         return int(err.exit_code)
     except (KeyboardInterrupt, typer.Abort):
-        return _fail("interrupted", INTERRUPTED_HINT, 130)
+        return _fail("interrupted", hint, 130)
     except Exception as err:
         if _is_usage_error(err):  # typer's (vendored click) usage errors: bad flag, command...
             message = err.format_message()  # type: ignore[attr-defined]

@@ -15,7 +15,7 @@ def list_backends(output_format: OutputFormat = FormatOption) -> None:
     """List the registered quantization methods."""
     from rich.table import Table
 
-    from quantkit.registry import backend_names, get_backend
+    from quantkit.backends import backend_names, get_backend
 
     rows = []
     for name in backend_names():
@@ -41,18 +41,18 @@ def info(
     """Show a backend's options (their JSON schema) and defaults."""
     from rich.table import Table
 
-    from quantkit.registry import get_backend
+    from quantkit.backends import get_backend
 
     backend = get_backend(name)
-    schema = backend.Options.model_json_schema()
+    schema = backend.options_model.model_json_schema()
     if output_format == OutputFormat.json:
         emit_json({"name": name, "summary": backend.summary, "options_schema": schema})
         return
     stdout.print(f"[bold]{name}[/bold]: {backend.summary}")
-    doc = (backend.Options.__doc__ or "").strip()
+    doc = (backend.options_model.__doc__ or "").strip()
     if doc:
         stdout.print(" ".join(doc.split()))
-    defaults = backend.Options().model_dump(mode="json")
+    defaults = backend.options_model().model_dump(mode="json")
     table = Table(title="options")
     for column in ("option", "type", "default", "choices"):
         table.add_column(column)

@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
-from typing import Any
 
 import typer
+from rich.markup import escape
 
-from quantkit.cli.common import FormatOption
-from quantkit.cli.output import OutputFormat, emit_json, stderr, stdout
+from quantkit.cli.common import FormatOption, device_option, device_value
+from quantkit.cli.output import OutputFormat, RichReporter, emit_json, stderr, stdout
+from quantkit.device import DeviceChoice
 
 
 def bench(
@@ -17,68 +17,75 @@ def bench(
     price_per_hour: float | None = typer.Option(
         None, "--price-per-hour", help="USD per device-hour, for cost"
     ),
-    repeats: int | None = typer.Option(None, "--repeats", min=1, help="timings per setting (median)"),
-    device: str | None = typer.Option(None, "--device", help="auto | cpu | cuda (default: the run's)"),
+    repeats: int | None = typer.Option(None, "--repeats", help="timings per setting (median)"),
+    device: DeviceChoice | None = device_option("the run's"),
     output_format: OutputFormat = FormatOption,
 ) -> None:
-    """Benchmark each run's artifact and its baseline side by side; update the run's manifest."""
+    """Benchmark each run's artifact and its baseline side by side; update the run (manifest,
+    gate verdict, reports)."""
     from rich.table import Table
 
-    from quantkit.bench_spec import BenchSpec
-    from quantkit.device import resolve_device
-    from quantkit.evals import perf
-    from quantkit.evals.quality import with_info
-    from quantkit.models import write_text_atomic
-    from quantkit.store import MANIFEST, load_run
+    from quantkit.metrics import format_metric
+    from quantkit.pipeline import bench_run
+    from quantkit.recipe import validate_section
+    from quantkit.specs import BenchSpec
+    from quantkit.store import load_run
 
-    results: list[dict[str, Any]] = []
-    for path in runs:
-        record = load_run(path)
-        manifest = record.manifest
-        spec = BenchSpec.model_validate(manifest.get("recipe", {}).get("bench") or {})
-        updates = {
-            k: v for k, v in (("price_per_hour", price_per_hour), ("repeats", repeats)) if v is not None
-        }
-        spec = spec.model_copy(update=updates)
-        run_device = resolve_device(device or manifest.get("device", "auto"))
-        if output_format == OutputFormat.human:
-            stderr.print(f"benchmarking {record.name} and its baseline on {run_device}")
-        artifact = manifest["artifact"]
-        section = perf.measure_pair(
-            Path(manifest["model"]["path"]), path / artifact["path"], artifact["runtime"], run_device, spec
+    records = [load_run(path) for path in runs]
+    updates = {k: v for k, v in (("price_per_hour", price_per_hour), ("repeats", repeats)) if v is not None}
+    flags = {"price_per_hour": "--price-per-hour", "repeats": "--repeats"}
+    specs = [
+        validate_section(
+            BenchSpec, record.manifest.recipe.bench.model_dump(mode="json") | updates, "bench", flags
         )
-        base, quant = perf.metrics_from(section, spec)
-        manifest["bench"] = section
-        manifest.setdefault("metrics", {}).setdefault("baseline", {}).update(with_info(base))
-        manifest["metrics"].setdefault("quantized", {}).update(with_info(quant))
-        write_text_atomic(path / MANIFEST, json.dumps(manifest, indent=2) + "\n")
-        results.append({"run": str(path), "baseline": base, "quantized": quant})
+        for record in records
+    ]  # every flag is checked before anything is measured
+    done = []
+    for record, spec in zip(records, specs, strict=True):
+        if output_format == OutputFormat.human:
+            stderr.print(f"benchmarking {record.name} and its baseline")
+        reporter = RichReporter() if output_format == OutputFormat.human else None
+        done.append(bench_run(record, spec, device_value(device), reporter).record)
     if output_format == OutputFormat.json:
-        emit_json(results)
+        emit_json(
+            [
+                {
+                    "run": str(run.path),
+                    "baseline": run.manifest.metrics.values("baseline"),
+                    "quantized": run.manifest.metrics.values("quantized"),
+                    "bench": None
+                    if run.manifest.bench is None
+                    else run.manifest.bench.model_dump(mode="json"),
+                }
+                for run in done
+            ]
+        )
         return
+    names = (
+        "prefill_tok_s",
+        "decode_tok_s",
+        "ttft_s",
+        "peak_memory_bytes",
+        "weights_memory_bytes",
+        "cost_per_mtok_usd",
+    )
     table = Table(title="speed and memory (medians; ratios vs baseline measured in the same run)")
     for column in (
         "run",
         "model",
         "prefill tok/s",
         "decode tok/s",
-        "TTFT s",
-        "peak mem MB",
-        "weights MB",
+        "TTFT",
+        "peak mem",
+        "weights mem",
         "$/1M tok",
     ):
         table.add_column(column, justify="left" if column in ("run", "model") else "right")
-    for item in results:
-        for label, values in (("baseline", item["baseline"]), ("quantized", item["quantized"])):
-            cost = values.get("cost_per_mtok_usd")
-            table.add_row(
-                Path(item["run"]).name,
-                label,
-                f"{values['prefill_tok_s']:.1f}",
-                f"{values['decode_tok_s']:.1f}",
-                f"{values['ttft_s']:.3f}",
-                f"{values['peak_memory_bytes'] / 1e6:.0f}",
-                f"{values['weights_memory_bytes'] / 1e6:.0f}",
-                "—" if cost is None else f"{cost:.3f}",
-            )
+    for run in done:
+        for label in ("baseline", "quantized"):
+            values = run.manifest.metrics.values(label)
+            table.add_row(run.path.name, label, *(format_metric(name, values.get(name)) for name in names))
     stdout.print(table)
+    for run in done:
+        for note in getattr(run.manifest.bench, "notes", []):
+            stderr.print(f"[yellow]note:[/yellow] {escape(run.path.name)}: {escape(note)}")

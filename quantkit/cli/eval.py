@@ -2,95 +2,106 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import typer
+from pydantic import JsonValue
 
-from quantkit.cli.common import FormatOption
-from quantkit.cli.output import OutputFormat, emit_json, stderr, stdout
+from quantkit.cli.common import FormatOption, device_option, device_value
+from quantkit.cli.output import OutputFormat, RichReporter, emit_json, stderr, stdout
+from quantkit.device import DeviceChoice
+
+if TYPE_CHECKING:
+    from quantkit.manifest import TaskResult
 
 
 def eval_tasks(
     runs: list[Path] = typer.Argument(..., help="run folders made by quantkit quantize"),
     tasks: str = typer.Option("quantkit_cloze", "--tasks", "-t", help="comma-separated lm-eval task names"),
-    num_fewshot: int | None = typer.Option(None, "--num-fewshot", min=0),
-    limit: float | None = typer.Option(None, "--limit", min=0, help="documents per task (or a fraction < 1)"),
-    batch_size: int = typer.Option(8, "--batch-size", min=1),
+    num_fewshot: int | None = typer.Option(None, "--num-fewshot"),
+    limit: float | None = typer.Option(None, "--limit", help="documents per task (or a fraction < 1)"),
+    batch_size: int = typer.Option(8, "--batch-size"),
+    device: DeviceChoice | None = device_option("the run's"),
     output_format: OutputFormat = FormatOption,
 ) -> None:
-    """Run lm-eval tasks on each run's artifact and its baseline; store recovery in the manifest."""
+    """Run lm-eval tasks on each run's artifact and its baseline; update the run (manifest,
+    recovery over all its lm-eval entries, gate verdict, reports)."""
     from rich.table import Table
 
-    from quantkit.device import resolve_device
-    from quantkit.evals import lm_eval_runner as runner
-    from quantkit.evals.quality import with_info
-    from quantkit.lm_eval_spec import LmEvalSpec
-    from quantkit.models import fingerprint, write_text_atomic
-    from quantkit.progress import library_bars_hidden, quiet_libraries
-    from quantkit.store import MANIFEST, load_run
+    from quantkit.evals.lm_eval_runner import check_tasks
+    from quantkit.pipeline import eval_run
+    from quantkit.recipe import validate_section
+    from quantkit.specs import LmEvalSpec
+    from quantkit.store import load_run
 
-    quiet_libraries(False)
     records = [load_run(path) for path in runs]
     for record in records:  # a damaged GGUF is refused before any task runs
-        artifact = record.manifest["artifact"]
-        if artifact["runtime"] == "llamacpp":
+        if record.manifest.artifact.runtime == "llamacpp":
             from quantkit.runtimes.llamacpp import check_gguf, gguf_file
 
-            check_gguf(gguf_file(record.path / artifact["path"]))
+            check_gguf(gguf_file(record.path / record.manifest.artifact.path))
     amount = None if limit is None else (int(limit) if limit >= 1 else limit)
-    spec = LmEvalSpec(
-        tasks=[t.strip() for t in tasks.split(",") if t.strip()],
-        num_fewshot=num_fewshot,
-        limit=amount,
-        batch_size=batch_size,
-    )
-    manager = runner.check_tasks(spec.tasks)
-    results: list[dict[str, Any]] = []
+    flags = {
+        "tasks": "--tasks",
+        "num_fewshot": "--num-fewshot",
+        "limit": "--limit",
+        "batch_size": "--batch-size",
+    }
+    names: list[JsonValue] = [t.strip() for t in tasks.split(",") if t.strip()]
+    raw: dict[str, JsonValue] = {
+        "tasks": names,
+        "num_fewshot": num_fewshot,
+        "limit": amount,
+        "batch_size": batch_size,
+    }
+    spec = validate_section(LmEvalSpec, raw, "lm_eval", flags)
+    check_tasks(spec.tasks)
+    from quantkit.evals.lm_eval_runner import recovery
+
+    done = []
     for record in records:
-        manifest = record.manifest
-        device = resolve_device(manifest.get("device", "auto"))
-        model_path = Path(manifest["model"]["path"])
         if output_format == OutputFormat.human:
             stderr.print(f"lm-eval {', '.join(spec.tasks)} on {record.name} and its baseline")
-        artifact = manifest["artifact"]
-        with library_bars_hidden(False):
-            base, cached = runner.baseline(model_path, fingerprint(model_path), spec, manager, device)
-            samples = record.path / "lm_eval"
-            quant = runner.evaluate(
-                artifact["runtime"], record.path / artifact["path"], spec, manager, device, samples
-            )
-        recovered = runner.recovery(base, quant)
-        section = {"settings": spec.model_dump(mode="json"), "baseline": base, "baseline_cached": cached}
-        manifest["lm_eval"] = [*(manifest.get("lm_eval") or []), section | {"artifact": quant}]
-        metrics = {f"task_recovery_pct:{task}": value for task, value in recovered.items()}
-        if recovered:
-            metrics["task_recovery_pct"] = sum(recovered.values()) / len(recovered)
-        manifest.setdefault("metrics", {}).setdefault("quantized", {}).update(with_info(metrics))
-        write_text_atomic(record.path / MANIFEST, json.dumps(manifest, indent=2) + "\n")
-        results.append(
-            {"run": str(record.path), "baseline": base, "artifact": quant, "recovery_pct": recovered}
-        )
+        reporter = RichReporter() if output_format == OutputFormat.human else None
+        result = eval_run(record, spec, device_value(device), reporter)
+        section = next(entry for entry in result.record.manifest.lm_eval or [] if entry.settings == spec)
+        done.append((result.record, section, recovery(section.baseline, section.artifact)))
     if output_format == OutputFormat.json:
-        emit_json(results)
+        emit_json(
+            [
+                {
+                    "run": str(run.path),
+                    "baseline": {
+                        task: entry.model_dump(mode="json") for task, entry in section.baseline.items()
+                    },
+                    "artifact": {
+                        task: entry.model_dump(mode="json") for task, entry in section.artifact.items()
+                    },
+                    "recovery_pct": recovered,
+                    "task_recovery_pct": run.manifest.metric("task_recovery_pct"),
+                }
+                for run, section, recovered in done
+            ]
+        )
         return
     table = Table(title="lm-eval: quantized vs baseline")
     for column in ("run", "task", "metric", "baseline", "quantized", "recovery %"):
         table.add_column(column, justify="left" if column in ("run", "task", "metric") else "right")
-    for item in results:
-        for task, entry in item["baseline"].items():
-            quantized = item["artifact"].get(task, {})
 
-            def shown(value: Any, error: Any) -> str:
-                return "—" if value is None else f"{value:.4f}" + ("" if error is None else f" ± {error:.4f}")
+    def shown(entry: TaskResult | None) -> str:
+        if entry is None:
+            return "—"
+        return f"{entry.value:.4f}" + ("" if entry.stderr is None else f" ± {entry.stderr:.4f}")
 
+    for run, section, recovered in done:
+        for task, entry in section.baseline.items():
             table.add_row(
-                Path(item["run"]).name,
+                run.path.name,
                 task,
-                entry["metric"],
-                shown(entry["value"], entry["stderr"]),
-                shown(quantized.get("value"), quantized.get("stderr")),
-                f"{item['recovery_pct'].get(task, float('nan')):.1f}",
+                entry.metric,
+                shown(entry),
+                shown(section.artifact.get(task)),
+                f"{recovered.get(task, float('nan')):.1f}",
             )
     stdout.print(table)

@@ -7,9 +7,10 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import typer
+from pydantic import JsonValue
 
 from quantkit.cli.common import FormatOption
 from quantkit.cli.output import OutputFormat, emit_json, stderr, stdout
@@ -113,7 +114,7 @@ def gate(
     from quantkit.gate import evaluate_gate, load_gate_file, load_windows, resolve_spec
     from quantkit.store import load_run
 
-    flags: dict[str, Any] = {
+    flags: dict[str, JsonValue] = {
         "max_kld": max_kld,
         "max_kld_p99": max_kld_p99,
         "max_ppl_increase_pct": _percent(max_ppl_increase, "--max-ppl-increase"),
@@ -130,7 +131,7 @@ def gate(
         "seed": seed,
     }
     flags = {key: value for key, value in flags.items() if value is not None}
-    file_layer: dict[str, Any] = {}
+    file_layer: dict[str, JsonValue] = {}
     if gate_file is not None:
         file_spec = load_gate_file(gate_file)
         file_layer = file_spec.model_dump(include=file_spec.model_fields_set)
@@ -142,7 +143,7 @@ def gate(
     plans = []
     for run in runs:
         record = load_run(run)
-        recipe_gates = record.manifest.get("recipe", {}).get("gates") or {}
+        recipe_gates = record.manifest.recipe.gates.model_dump(mode="json")
         spec, sources = resolve_spec([("recipe", recipe_gates), ("gate-file", file_layer), ("flag", flags)])
         if spec.is_empty():
             raise UserInputError(
@@ -159,8 +160,7 @@ def gate(
 
     results: list[tuple[str, GateResult]] = []
     for run, record, spec, sources, windows in plans:
-        quantized = record.manifest.get("metrics", {}).get("quantized", {})
-        metrics = {name: entry.get("value") for name, entry in quantized.items() if isinstance(entry, dict)}
+        metrics: dict[str, float | None] = dict(record.manifest.metrics.values("quantized"))
         result = evaluate_gate(spec, metrics, windows)
         for check in result.checks:
             check.source = sources.get(check.field, "")
@@ -207,8 +207,8 @@ gate.__doc__ = (  # built from single-line paragraphs: the help reflows them
 
 
 def _write_outputs(results: list[tuple[str, GateResult]], junit: Path | None, markdown: Path | None) -> None:
+    from quantkit.fileio import write_text_atomic
     from quantkit.gate import to_junit, to_markdown
-    from quantkit.models import write_text_atomic
 
     for target, render in ((junit, to_junit), (markdown, to_markdown)):
         if target is None:

@@ -7,11 +7,15 @@ import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from enum import Enum
-from typing import Any
+from typing import TYPE_CHECKING
 
 from rich.console import Console
+from rich.markup import escape
 
 from quantkit.progress import Reporter
+
+if TYPE_CHECKING:
+    from rich.progress import ProgressColumn
 
 
 class OutputFormat(str, Enum):
@@ -25,17 +29,37 @@ stdout = Console(width=None if sys.stdout.isatty() else 1000)
 stderr = Console(stderr=True, soft_wrap=True)
 
 
-def emit_json(data: Any) -> None:
+def emit_json(data: object) -> None:
     """Machine-readable output on stdout."""
     sys.stdout.write(json.dumps(data, indent=2, default=str) + "\n")
     sys.stdout.flush()
 
 
+def _duration(seconds: float) -> str:
+    return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.1f} min"
+
+
 class RichReporter(Reporter):
-    """Stage lines and progress bars on stderr (human mode only)."""
+    """Progress on stderr (human mode only): bars in a terminal; when stderr is piped (CI
+    logs), plain lines with elapsed time and an estimate of what remains, at most every
+    ``QUANTKIT_PROGRESS_INTERVAL`` seconds (default 10), and a line a minute for long stages
+    that cannot count their steps."""
+
+    def __init__(self, interval_s: float | None = None) -> None:
+        import os
+
+        self.interval_s = (
+            interval_s
+            if interval_s is not None
+            else float(os.environ.get("QUANTKIT_PROGRESS_INTERVAL", "10"))
+        )
 
     @contextmanager
     def stage(self, title: str, total: int | None = None) -> Iterator[Callable[[int], None]]:
+        if not stderr.is_terminal:
+            with self._lines(title, total) as advance:
+                yield advance
+            return
         from rich.progress import (
             BarColumn,
             MofNCompleteColumn,
@@ -45,14 +69,57 @@ class RichReporter(Reporter):
             TimeElapsedColumn,
         )
 
-        columns: list[Any] = [SpinnerColumn(), TextColumn("{task.description}")]
+        columns: list[ProgressColumn] = [SpinnerColumn(), TextColumn("{task.description}")]
         if total:
             columns += [BarColumn(), MofNCompleteColumn()]
         columns.append(TimeElapsedColumn())
         with Progress(*columns, console=stderr, transient=True) as progress:
             task = progress.add_task(title, total=total)
             yield lambda n: progress.advance(task, n)
-        stderr.print(f"[green]✓[/green] {title}")
+        stderr.print(f"[green]✓[/green] {escape(title)}")
+
+    @contextmanager
+    def _lines(self, title: str, total: int | None) -> Iterator[Callable[[int], None]]:
+        import threading
+        import time
+
+        start = time.monotonic()
+        state = {"done": 0, "printed": start}
+        stop = threading.Event()
+        stderr.print(escape(f"▶ {title}" + (f" ({total} steps)" if total else "")))
+
+        def advance(n: int) -> None:
+            state["done"] += n
+            now = time.monotonic()
+            finished = bool(total) and state["done"] >= (total or 0)
+            if now - state["printed"] < self.interval_s and not finished:
+                return
+            state["printed"] = now
+            elapsed = now - start
+            line = (
+                f"  {title}: {state['done']}"
+                + (f"/{total}" if total else "")
+                + f", {_duration(elapsed)} elapsed"
+            )
+            if total and 0 < state["done"] < total:
+                line += f", ~{_duration(elapsed / state['done'] * (total - state['done']))} left"
+            stderr.print(escape(line))
+
+        def heartbeat() -> None:
+            while not stop.wait(max(60.0, self.interval_s)):
+                if time.monotonic() - state["printed"] >= max(60.0, self.interval_s):
+                    state["printed"] = time.monotonic()
+                    elapsed = _duration(time.monotonic() - start)
+                    stderr.print(escape(f"  {title}: still running, {elapsed} elapsed"))
+
+        ticker = threading.Thread(target=heartbeat, daemon=True)
+        ticker.start()
+        try:
+            yield advance
+        finally:
+            stop.set()
+            ticker.join()
+        stderr.print(escape(f"✓ {title} ({_duration(time.monotonic() - start)})"))
 
     def log(self, message: str) -> None:
-        stderr.print(f"  [dim]{message}[/dim]")
+        stderr.print(f"  [dim]{escape(message)}[/dim]")

@@ -19,6 +19,9 @@ def plan(
         help="auto (this machine) or a named device: l4, a100-80gb, h100-80gb, h200, ...",
     ),
     overrides: list[str] = typer.Option([], "--set", "-s", help="override a recipe field: key.sub=value"),
+    trust_remote_code: bool = typer.Option(
+        False, "--trust-remote-code", help="allow a model folder that needs its own code"
+    ),
     output_format: OutputFormat = FormatOption,
 ) -> None:
     """Estimate weights and KV-cache memory for the recipe's format and whether it fits a device."""
@@ -28,12 +31,11 @@ def plan(
     from quantkit.errors import UserInputError
     from quantkit.models import resolve_model
     from quantkit.recipe import load_recipe
-    from quantkit.registry import did_you_mean, get_backend
+    from quantkit.registry import did_you_mean
 
     resolved = load_recipe(recipe, overrides)
-    backend = get_backend(resolved.method)
-    scheme, bits = backend.describe(backend.Options.model_validate(resolved.options))
-    source = resolve_model(model or resolved.model)
+    scheme, bits = resolved.backend().describe()
+    source = resolve_model(model or resolved.model, trust_remote_code=trust_remote_code)
     if device_name == "auto":
         import torch
 
@@ -46,7 +48,9 @@ def plan(
             f"unknown device '{device_name}'", did_you_mean(device_name, sorted(planning.DEVICE_MEMORY))
         )
     result = planning.estimate(
-        source.path, bits, scheme, resolved.method == "gguf", context, batch, device, memory
+        source.path,
+        planning.Target(scheme, bits, quantizes_embeddings=resolved.method == "gguf"),
+        planning.Serving(context, batch, device, memory),
     )
     if output_format == OutputFormat.json:
         emit_json(result.to_dict() | {"recipe": resolved.name, "model": source.spec})

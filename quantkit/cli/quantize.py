@@ -6,8 +6,9 @@ from pathlib import Path
 
 import typer
 
-from quantkit.cli.common import FormatOption
+from quantkit.cli.common import FormatOption, device_option, device_value
 from quantkit.cli.output import OutputFormat, RichReporter, emit_json, stderr, stdout
+from quantkit.device import DeviceChoice
 
 DEFAULT_RECIPE = "fp8-dynamic"
 
@@ -17,7 +18,7 @@ def quantize(
     model: str | None = typer.Option(None, "--model", "-m", help="HF folder, hub id, or smollm2-135m"),
     out: Path | None = typer.Option(None, "--out", "-o", help="run folder to create (default runs/<id>)"),
     overrides: list[str] = typer.Option([], "--set", "-s", help="override a recipe field: key.sub=value"),
-    device: str | None = typer.Option(None, "--device", help="auto | cpu | cuda (default: the recipe's)"),
+    device: DeviceChoice | None = device_option("the recipe's"),
     overwrite: bool = typer.Option(False, "--overwrite", help="replace an existing --out folder"),
     trust_remote_code: bool = typer.Option(
         False, "--trust-remote-code", help="allow model code from the folder"
@@ -32,37 +33,40 @@ def quantize(
     output_format: OutputFormat = FormatOption,
 ) -> None:
     """Quantize a model from a recipe, evaluate it against the baseline and store the run."""
+    from rich.markup import escape
+
     from quantkit.pipeline import QuantizeRequest, run_quantize
-    from quantkit.recipe import load_recipe
+    from quantkit.recipe import load_recipe_and_base, run_name
     from quantkit.report import render, table
 
-    if device is not None and device not in ("auto", "cpu", "cuda"):
-        raise typer.BadParameter(f"'{device}' is not one of auto, cpu, cuda", param_hint="--device")
-    resolved = load_recipe(recipe, overrides)
+    resolved, base = load_recipe_and_base(recipe, overrides)
     human = output_format == OutputFormat.human
     if human:
-        stderr.print(f"[bold]quantkit[/bold] recipe [cyan]{resolved.name}[/cyan] ({resolved.method})")
+        stderr.print(f"[bold]quantkit[/bold] recipe [cyan]{escape(resolved.name)}[/cyan] ({resolved.method})")
     request = QuantizeRequest(
         recipe=resolved,
         model=model,
         out=out,
         overwrite=overwrite,
-        device=device,
+        device=device_value(device),
         trust_remote_code=trust_remote_code,
         verbose=verbose,
         bench=bench,
         restart=restart,
+        name=run_name(resolved, base),
     )
     result = run_quantize(request, RichReporter() if human else None)
     comparison = table.build([result.record])
     if human:
         stdout.print(render.to_rich(comparison))
-        stderr.print(f"run saved to [bold]{result.record.path}[/bold]")
+        stderr.print(f"run saved to [bold]{escape(str(result.record.path))}[/bold]")
         if result.gate is not None:
             for check in result.gate.checks:
                 colour = "green" if check.passed else "red"
-                stderr.print(f"  gate [{colour}]{check.describe()}[/{colour}]")
+                stderr.print(f"  gate [{colour}]{escape(check.describe())}[/{colour}]")
     else:
-        emit_json({"run": str(result.record.path), "manifest": result.record.manifest})
+        emit_json(
+            {"run": str(result.record.path), "manifest": result.record.manifest.model_dump(mode="json")}
+        )
     if result.gate is not None and not result.gate.passed:
         raise typer.Exit(1)

@@ -57,10 +57,15 @@ def show(
 def validate(
     recipes: list[Path] = typer.Argument(..., help="recipe files to check"),
     overrides: list[str] = typer.Option([], "--set", "-s", help="override a field: key.sub=value"),
+    output_format: OutputFormat = FormatOption,
 ) -> None:
     """Validate recipe files; exit 2 on the first invalid one."""
     from quantkit.recipe import load_recipe
 
+    valid = []
     for path in recipes:
         resolved = load_recipe(path, overrides)
         stderr.print(f"[green]✓[/green] {path}: {resolved.name} ({resolved.method}) is valid")
+        valid.append({"path": str(path), "name": resolved.name, "method": resolved.method})
+    if output_format == OutputFormat.json:
+        emit_json(valid)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import typer
+from rich.markup import escape
 
 from quantkit.cli.common import FormatOption
 from quantkit.cli.output import OutputFormat, emit_json, stderr, stdout
@@ -27,7 +28,7 @@ def report(
     output_format: OutputFormat = FormatOption,
 ) -> None:
     """Compare runs against their baseline."""
-    from quantkit.models import write_text_atomic
+    from quantkit.fileio import write_text_atomic
     from quantkit.report import render, table
     from quantkit.store import load_run
 
@@ -51,4 +52,4 @@ def report(
         return
     stdout.print(render.to_rich(comparison))
     for warning in comparison.warnings:
-        stderr.print(f"[yellow]warning:[/yellow] {warning}")
+        stderr.print(f"[yellow]warning:[/yellow] {escape(warning)}")

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import typer
+from pydantic import JsonValue
+from rich.markup import escape
 
 from quantkit.cli.common import FormatOption
 from quantkit.cli.output import OutputFormat, emit_json, stderr, stdout
@@ -33,40 +35,65 @@ def _leftovers(folder: Path) -> list[Path]:
     )
 
 
-def _interrupted(path: Path) -> dict[str, Any]:
+@dataclass
+class Leftover:
+    """A hidden folder an interrupted (or replaced) run left behind."""
+
+    folder: str
+    kind: str  # "interrupted" | "replaced"
+    stages: list[str]
+    recipe: str | None
+    running: bool
+
+    def to_json(self) -> dict[str, JsonValue]:
+        stages: list[JsonValue] = list(self.stages)
+        return {
+            "folder": self.folder,
+            "kind": self.kind,
+            "stages": stages,
+            "recipe": self.recipe,
+            "running": self.running,
+        }
+
+
+def _interrupted(path: Path) -> Leftover:
     """What an interrupted run kept: its completed stages, and whether a process holds it."""
     from quantkit.journal import Journal
     from quantkit.store import is_locked
 
     journal = Journal.read(path) or {}
-    return {
-        "folder": path.name,
-        "kind": "replaced" if ".old-" in path.name else "interrupted",
-        "stages": list(journal.get("stages", {})),
-        "recipe": journal.get("identity", {}).get("recipe", {}).get("name"),
-        "running": is_locked(path),
-    }
+    stages = journal.get("stages")
+    identity = journal.get("identity")
+    recipe = identity.get("recipe") if isinstance(identity, dict) else None
+    name = recipe.get("name") if isinstance(recipe, dict) else None
+    return Leftover(
+        folder=path.name,
+        kind="replaced" if ".old-" in path.name else "interrupted",
+        stages=list(stages) if isinstance(stages, dict) else [],
+        recipe=None if name is None else str(name),
+        running=is_locked(path),
+    )
 
 
-def _summary(path: Path) -> dict[str, Any]:
-    from quantkit.errors import RunNotFoundError
+def _summary(path: Path) -> dict[str, JsonValue]:
+    from quantkit.errors import UserInputError
     from quantkit.store import load_run
 
     try:
         manifest = load_run(path).manifest
-    except RunNotFoundError as err:
+    except UserInputError as err:  # incomplete, foreign or damaged: listed, not fatal
         return {"run": path.name, "status": "incomplete", "detail": err.message}
-    quantized = manifest.get("metrics", {}).get("quantized", {})
-    gate = manifest.get("gate")
+    gate = manifest.gate
     return {
         "run": path.name,
         "status": "complete",
-        "recipe": manifest.get("recipe", {}).get("name"),
-        "method": manifest.get("recipe", {}).get("method"),
-        "created": manifest.get("created"),
-        "ppl_increase_pct": quantized.get("ppl_increase_pct", {}).get("value"),
-        "kld_mean": quantized.get("kld_mean", {}).get("value"),
-        "gate": None if gate is None else ("pass" if gate.get("passed") else "fail"),
+        "name": manifest.display_name,
+        "recipe": manifest.recipe.name,
+        "method": manifest.recipe.method,
+        "created": manifest.created,
+        "ppl_increase_pct": manifest.metric("ppl_increase_pct"),
+        "kld_mean": manifest.metric("kld_mean"),
+        "gate": None if gate is None else ("pass" if gate.passed else "fail"),
     }
 
 
@@ -84,31 +111,31 @@ def list_runs(directory: Path | None = DirOption, output_format: OutputFormat = 
     rows = [_summary(path) for path in runs]
     leftovers = [_interrupted(p) for p in _leftovers(folder)]
     if output_format == OutputFormat.json:
-        emit_json({"runs": rows, "leftovers": leftovers})
+        emit_json({"runs": rows, "leftovers": [item.to_json() for item in leftovers]})
         return
     table = Table(title=f"runs in {folder}")
     for column in ("run", "status", "recipe", "method", "Δppl %", "KLD", "gate"):
         table.add_column(column)
+    from quantkit.report.table import format_cell
+
     for row in rows:
-        delta, kld = row.get("ppl_increase_pct"), row.get("kld_mean")
         table.add_row(
-            row["run"],
-            row["status"],
-            row.get("recipe") or "",
-            row.get("method") or "",
-            "" if delta is None else f"{delta:+.2f}",
-            "" if kld is None else f"{kld:.5f}",
-            row.get("gate") or "",
+            escape(str(row["run"])),
+            str(row["status"]),
+            str(row.get("recipe") or ""),
+            str(row.get("method") or ""),
+            format_cell("ppl_increase_pct", row.get("ppl_increase_pct")),
+            format_cell("kld_mean", row.get("kld_mean")),
+            str(row.get("gate") or ""),
         )
     stdout.print(table)
     for item in leftovers:
-        if item["kind"] == "replaced":
-            stderr.print(f"{item['folder']}: a run replaced by --overwrite (left by a crash)")
+        if item.kind == "replaced":
+            stderr.print(f"{item.folder}: a run replaced by --overwrite (left by a crash)")
             continue
-        state = "running" if item["running"] else "interrupted"
-        stages = ", ".join(item["stages"]) or "no stage"
-        stderr.print(f"{item['folder']}: {state}, {stages} completed")
-    if any(not item["running"] for item in leftovers):
+        state = "running" if item.running else "interrupted"
+        stderr.print(f"{item.folder}: {state}, {', '.join(item.stages) or 'no stage'} completed")
+    if any(not item.running for item in leftovers):
         stderr.print(
             "rerun the same quantize command to resume an interrupted run; `quantkit runs clean` removes them"
         )
@@ -124,8 +151,13 @@ def show(
 
     journal = Journal.read(run) if run.is_dir() and not (run / "manifest.json").is_file() else None
     if journal is not None:
-        progress = _interrupted(run) | {
-            "completed": {name: stage.get("completed") for name, stage in journal.get("stages", {}).items()},
+        stages = journal.get("stages")
+        completed: dict[str, JsonValue] = {
+            name: stage.get("completed") if isinstance(stage, dict) else None
+            for name, stage in (stages if isinstance(stages, dict) else {}).items()
+        }
+        progress = _interrupted(run).to_json() | {
+            "completed": completed,
             "fingerprint": journal.get("fingerprint"),
         }
         if output_format == OutputFormat.json:
@@ -133,16 +165,22 @@ def show(
             return
         state = "running" if progress["running"] else "interrupted: rerun the same command to resume"
         stdout.print(f"{progress['folder']}: {state}")
-        for name, when in progress["completed"].items():
+        for name, when in completed.items():
             stdout.print(f"  {name:>10}  completed {when}")
         return
     record = load_run(run)
     if output_format == OutputFormat.json:
-        emit_json(record.manifest)
+        emit_json(record.manifest.model_dump(mode="json"))
         return
     for key, value in _summary(run).items():
-        stdout.print(f"{key:>17}: {value}")
-    stdout.print(f"{'timings':>17}: {record.manifest.get('timings')}")
+        stdout.print(escape(f"{key:>17}: {value}"))
+    stdout.print(f"{'timings':>17}: {record.manifest.timings}")
+    for name, stage in record.manifest.stages.items():
+        files = (
+            ", ".join(f"{path} {checksum.sha256[:12]}" for path, checksum in stage.files.items())
+            or "no files"
+        )
+        stdout.print(escape(f"{'stage ' + name:>17}: completed {stage.completed}; {files}"))
 
 
 @app.command("clean")
@@ -152,22 +190,26 @@ def clean(
         60.0, "--older-than", min=0, help="minutes; younger leftovers may be live"
     ),
     dry_run: bool = typer.Option(False, "--dry-run", help="only list what would be removed"),
+    output_format: OutputFormat = FormatOption,
 ) -> None:
     """Remove leftovers of interrupted or replaced runs (never a complete or running one)."""
     from quantkit.store import is_locked, remove_partial
 
     now = time.time()
-    removed = 0
+    outcome: dict[str, list[JsonValue]] = {"removed": [], "kept": []}
     for path in _leftovers(_folder(directory)):
         if is_locked(path):
-            stderr.print(f"kept {path.name} (a quantkit process is writing it)")
+            reason = "a quantkit process is writing it"
+        elif now - path.stat().st_mtime < older_than * 60:
+            reason = f"younger than {older_than:g} min: maybe still running"
+        elif not dry_run and not remove_partial(path):  # under the lock: a writer may just start
+            reason = "a quantkit process is writing it"
+        else:
+            stderr.print(f"{'would remove' if dry_run else 'removed'} {path.name}")
+            outcome["removed"].append(path.name)
             continue
-        if now - path.stat().st_mtime < older_than * 60:
-            stderr.print(f"kept {path.name} (younger than {older_than:g} min: maybe still running)")
-            continue
-        if not dry_run and not remove_partial(path):  # under the lock: a writer may just start
-            stderr.print(f"kept {path.name} (a quantkit process is writing it)")
-            continue
-        stderr.print(f"{'would remove' if dry_run else 'removed'} {path.name}")
-        removed += 1
-    stderr.print(f"{removed} leftover(s) {'to remove' if dry_run else 'removed'}")
+        stderr.print(f"kept {path.name} ({reason})")
+        outcome["kept"].append({"folder": path.name, "reason": reason})
+    stderr.print(f"{len(outcome['removed'])} leftover(s) {'to remove' if dry_run else 'removed'}")
+    if output_format == OutputFormat.json:
+        emit_json({"dry_run": dry_run, **outcome})

@@ -1,26 +1,39 @@
 """Task accuracy with lm-evaluation-harness for the baseline and an artifact; recovery %.
 
-HF formats run through lm-eval's ``hf`` model, GGUF through ``LlamaCppLM``. Baseline results
-are cached per (model fingerprint, task data, settings, lm-eval version).
+Each runtime says how lm-eval runs it (``Runtime.lm_eval_model``): transformers through
+lm-eval's own ``hf`` model, every other runtime through ``RuntimeLM`` over the runtime's
+scoring. Baseline results are cached per (model fingerprint, task data, settings, lm-eval
+version, device).
 """
 
 from __future__ import annotations
 
 import difflib
+import functools
 import hashlib
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from quantkit.errors import MissingDependencyError, UserInputError
+from quantkit.manifest import TaskResult
 from quantkit.paths import cache_dir
+
+if TYPE_CHECKING:
+    from lm_eval.tasks import TaskManager
+
+    from quantkit.jsontypes import JsonDict
+    from quantkit.runtimes.base import LmEvalModel, RuntimeSettings
+    from quantkit.specs import LmEvalSpec
 
 # the metric whose recovery is reported, per task (first found wins)
 _MAIN_METRICS = ("acc_norm,none", "acc,none", "exact_match,none", "word_perplexity,none")
 _LOWER_IS_BETTER = ("perplexity",)
 
 
-def _task_manager() -> Any:
+@functools.lru_cache(maxsize=1)
+def _task_manager() -> TaskManager:
+    """lm-eval's task index (built once per process: it reads every task's YAML)."""
     try:
         from lm_eval.tasks import TaskManager
     except ImportError:
@@ -30,7 +43,7 @@ def _task_manager() -> Any:
     return TaskManager(include_path=str(task_dir()), verbosity="ERROR")
 
 
-def check_tasks(tasks: list[str]) -> Any:
+def check_tasks(tasks: list[str]) -> TaskManager:
     """Refuse task names lm-eval does not know, with close matches; return the TaskManager."""
     manager = _task_manager()
     known = set(manager.all_tasks)
@@ -42,11 +55,12 @@ def check_tasks(tasks: list[str]) -> Any:
     return manager
 
 
-def _run(model: Any, model_args: dict[str, Any] | None, spec: Any, manager: Any) -> dict[str, Any]:
+def _run(model: LmEvalModel, spec: LmEvalSpec, manager: TaskManager) -> JsonDict:
     from lm_eval import simple_evaluate
 
+    name_or_lm, model_args = model
     output = simple_evaluate(
-        model=model,
+        model=name_or_lm,
         model_args=model_args,
         tasks=list(spec.tasks),
         num_fewshot=spec.num_fewshot,
@@ -65,77 +79,102 @@ def _run(model: Any, model_args: dict[str, Any] | None, spec: Any, manager: Any)
     return dict(output)
 
 
-def _summarize(output: dict[str, Any]) -> dict[str, dict[str, Any]]:
+def _float(value: object) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def _summarize(output: JsonDict) -> dict[str, TaskResult]:
     """Per task: its main metric, value, stderr and version."""
-    summary: dict[str, dict[str, Any]] = {}
-    for task, values in output["results"].items():
+    summary: dict[str, TaskResult] = {}
+    results = output.get("results")
+    versions = output.get("versions")
+    for task, values in (results if isinstance(results, dict) else {}).items():
+        if not isinstance(values, dict):
+            continue
         metric = next((m for m in _MAIN_METRICS if m in values), None)
-        if metric is None:
+        value = None if metric is None else _float(values[metric])
+        if metric is None or value is None:
             continue
         name = metric.split(",")[0]
-        stderr = values.get(f"{name}_stderr,none")
-        summary[task] = {
-            "metric": name,
-            "value": float(values[metric]),
-            "stderr": None if stderr in (None, "N/A") else float(stderr),
-            "version": output.get("versions", {}).get(task),
-            "higher_is_better": not any(word in name for word in _LOWER_IS_BETTER),
-        }
+        summary[task] = TaskResult(
+            metric=name,
+            value=value,
+            stderr=_float(values.get(f"{name}_stderr,none")),
+            version=versions.get(task) if isinstance(versions, dict) else None,
+            higher_is_better=not any(word in name for word in _LOWER_IS_BETTER),
+        )
     return summary
 
 
 def evaluate(
-    runtime: str, path: Path, spec: Any, manager: Any, device: str, samples_dir: Path | None = None
-) -> dict[str, dict[str, Any]]:
+    model: LmEvalModel, spec: LmEvalSpec, manager: TaskManager, samples_dir: Path | None = None
+) -> dict[str, TaskResult]:
     """Run the tasks of ``spec`` on one model; keep lm-eval's per-sample logs in ``samples_dir``."""
-    if runtime == "llamacpp":
-        from quantkit.evals.lm_eval_llamacpp import LlamaCppLM
-
-        output = _run(LlamaCppLM(path), None, spec, manager)
-    else:
-        args = {
-            "pretrained": str(path),
-            "dtype": "float32" if device == "cpu" else "bfloat16",
-            "device": device,
-        }
-        output = _run("hf", args, spec, manager)
-    if samples_dir is not None:
+    output = _run(model, spec, manager)
+    samples = output.get("samples")
+    if samples_dir is not None and isinstance(samples, dict):
         samples_dir.mkdir(parents=True, exist_ok=True)
-        for task, rows in output.get("samples", {}).items():
+        for task, rows in samples.items():
             with (samples_dir / f"{task}.jsonl").open("w", encoding="utf-8") as handle:
-                for row in rows:
+                for row in rows if isinstance(rows, list) else []:
                     handle.write(json.dumps(row, default=str) + "\n")
     return _summarize(output)
 
 
+def evaluate_in(
+    kind: str, path: Path, settings: RuntimeSettings, spec: LmEvalSpec, samples_dir: Path | None = None
+) -> dict[str, TaskResult]:
+    """The tasks of ``spec`` on the model at ``path`` in the runtime registered as ``kind``."""
+    from quantkit.runtimes import runtime_class
+
+    manager = check_tasks(spec.tasks)
+    return evaluate(runtime_class(kind).lm_eval_model(path, settings), spec, manager, samples_dir)
+
+
 def baseline(
-    path: Path, fingerprint: str, spec: Any, manager: Any, device: str
-) -> tuple[dict[str, dict[str, Any]], bool]:
-    """Baseline task results, cached; returns (results, came_from_cache)."""
+    path: Path, fingerprint: str, settings: RuntimeSettings, spec: LmEvalSpec
+) -> tuple[dict[str, TaskResult], bool]:
+    """Baseline task results (transformers), cached; returns (results, came_from_cache)."""
     from importlib import metadata
 
-    from quantkit.evals.lm_eval_tasks import data_digest
+    from pydantic import TypeAdapter
 
+    from quantkit.evals.lm_eval_tasks import data_digest
+    from quantkit.fileio import write_text_atomic
+
+    adapter = TypeAdapter(dict[str, TaskResult])
     key_text = json.dumps(
-        [fingerprint, spec.model_dump(mode="json"), data_digest(), metadata.version("lm_eval"), device]
+        [
+            fingerprint,
+            spec.model_dump(mode="json"),
+            data_digest(),
+            metadata.version("lm_eval"),
+            settings.device,
+        ]
     )
     cached = cache_dir() / "lm_eval" / f"{hashlib.sha256(key_text.encode()).hexdigest()[:32]}.json"
     if cached.is_file():
-        return json.loads(cached.read_text()), True
-    results = evaluate("hf", path, spec, manager, device)
+        return adapter.validate_json(cached.read_bytes()), True
+    results = evaluate_in("hf", path, settings, spec)
     cached.parent.mkdir(parents=True, exist_ok=True)
-    from quantkit.models import write_text_atomic
-
-    write_text_atomic(cached, json.dumps(results, indent=2))
+    write_text_atomic(cached, adapter.dump_json(results, indent=2).decode())
     return results, False
 
 
-def recovery(base: dict[str, dict[str, Any]], quant: dict[str, dict[str, Any]]) -> dict[str, float]:
+def recovery(base: dict[str, TaskResult], quant: dict[str, TaskResult]) -> dict[str, float]:
     """Recovered % per task (quantized / baseline; inverted for lower-is-better metrics)."""
     out: dict[str, float] = {}
     for task, entry in base.items():
-        if task not in quant or entry["value"] == 0:
+        if task not in quant or entry.value == 0:
             continue
-        ratio = quant[task]["value"] / entry["value"]
-        out[task] = 100.0 * (ratio if entry["higher_is_better"] else 1 / ratio)
+        ratio = quant[task].value / entry.value
+        out[task] = 100.0 * (ratio if entry.higher_is_better else 1 / ratio)
     return out
+
+
+def recovery_metrics(recovered: dict[str, float]) -> dict[str, float]:
+    """Per-task recovery metrics plus their mean over every task (``task_recovery_pct``)."""
+    metrics = {f"task_recovery_pct:{task}": value for task, value in recovered.items()}
+    if recovered:
+        metrics["task_recovery_pct"] = sum(recovered.values()) / len(recovered)
+    return metrics

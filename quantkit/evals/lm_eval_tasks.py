@@ -71,7 +71,7 @@ metadata:
 def task_dir() -> Path:
     """A folder holding the task YAML and its data (built on first use, then reused)."""
     from quantkit.calibration import load_texts
-    from quantkit.recipe import TextSource
+    from quantkit.specs import TextSource
 
     texts = load_texts(TextSource(), "eval")
     items = _items(texts)

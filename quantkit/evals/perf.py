@@ -1,21 +1,25 @@
 """Speed, memory and cost of the baseline and an artifact, measured side by side.
 
-Each model is measured in a fresh process (``perf_worker``) in its own runtime, after a
-warm-up, as medians of repeats. Ratios compare the two measurements of the same run.
+Each model is measured in a fresh process (``perf_worker``) in its runtime, after a warm-up,
+as medians of repeats. Ratios compare measurements of the same run, and only like with like:
+a memory ratio needs the same kind of memory on both sides (RSS vs RSS, CUDA vs CUDA), and
+cost is computed at batch 1 for every side (batched cost only where a runtime batches).
+For an artifact whose runtime is not transformers (GGUF in llama.cpp), the unquantized model
+is also measured in that runtime, so the speed-up is shown runtime against runtime too.
 """
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+
+from pydantic import BaseModel, ConfigDict, JsonValue
 
 from quantkit.errors import BackendError
-
-if TYPE_CHECKING:
-    from quantkit.bench_spec import BenchSpec
+from quantkit.manifest import BenchSection, BenchSide
+from quantkit.specs import BenchSpec
 
 # Documented reference prices (USD per device-hour, on-demand list prices seen in late 2026;
 # pass your own with bench.price_per_hour or --price-per-hour).
@@ -30,68 +34,148 @@ REFERENCE_PRICES = {
 }
 
 
-def _worker(settings: dict[str, Any]) -> dict[str, Any]:
-    command = [sys.executable, "-m", "quantkit.evals.perf_worker", json.dumps(settings)]
+class WorkerSettings(BaseModel):
+    """What one benchmark process measures (passed to ``perf_worker`` as JSON)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    path: str
+    runtime: str
+    device: str
+    prompt_lengths: list[int]
+    decode_tokens: int
+    repeats: int
+    batch_size: int
+    threads: int | None
+
+
+@dataclass(frozen=True)
+class BenchTarget:
+    """A model to measure: where it is and in which runtime."""
+
+    path: Path
+    runtime: str
+
+
+def _worker(settings: WorkerSettings) -> BenchSide:
+    command = [sys.executable, "-m", "quantkit.evals.perf_worker", settings.model_dump_json()]
     result = subprocess.run(command, capture_output=True, text=True)
     lines = [line for line in result.stdout.splitlines() if line.startswith("{")]
     if result.returncode != 0 or not lines:
         last = (result.stderr.strip().splitlines() or ["no output"])[-1]
-        raise BackendError(f"benchmark of {settings['path']} failed: {last}", "rerun with QUANTKIT_DEBUG=1")
-    data: dict[str, Any] = json.loads(lines[-1])
-    return data
+        raise BackendError(f"benchmark of {settings.path} failed: {last}", "rerun with QUANTKIT_DEBUG=1")
+    return BenchSide.model_validate_json(lines[-1])
 
 
-def measure_pair(
-    baseline: Path, artifact: Path, artifact_runtime: str, device: str, spec: BenchSpec
-) -> dict[str, Any]:
-    """Bench the baseline (transformers) and the artifact (its own runtime)."""
-    if artifact_runtime == "llamacpp":
-        from quantkit.runtimes.llamacpp import check_gguf, gguf_file
-
-        check_gguf(gguf_file(artifact))  # a damaged file is the user's to fix, before any process starts
-    common = {
+def _settings(spec: BenchSpec, device: str) -> dict[str, JsonValue]:
+    return {
         "device": device,
-        "prompt_lengths": spec.prompt_lengths,
+        "prompt_lengths": list(spec.prompt_lengths),
         "decode_tokens": spec.decode_tokens,
         "repeats": spec.repeats,
         "batch_size": spec.batch_size,
         "threads": spec.threads,
-    }
-    base = _worker({"path": str(baseline), "runtime": "hf", **common})
-    quant = _worker({"path": str(artifact), "runtime": artifact_runtime, **common})
-    return {
-        "schema_version": 1,
-        "settings": common | {"price_per_hour": spec.price_per_hour},
-        "baseline": base,
-        "artifact": quant,
+        "price_per_hour": spec.price_per_hour,
     }
 
 
-def _flatten(result: dict[str, Any], spec: BenchSpec) -> dict[str, float]:
-    longest = str(max(spec.prompt_lengths))
-    shortest = str(min(spec.prompt_lengths))
+def measure(
+    baseline: BenchTarget,
+    artifact: BenchTarget,
+    runtime_baseline: BenchTarget | None,
+    device: str,
+    spec: BenchSpec,
+) -> BenchSection:
+    """Bench the baseline (transformers), the artifact (its runtime) and, when given, the
+    unquantized model in the artifact's runtime; each in its own process."""
+    if artifact.runtime == "llamacpp":
+        from quantkit.runtimes.llamacpp import check_gguf, gguf_file
+
+        check_gguf(gguf_file(artifact.path))  # a damaged file is the user's to fix, before any process starts
+
+    def side(target: BenchTarget) -> BenchSide:
+        settings = WorkerSettings(
+            path=str(target.path),
+            runtime=target.runtime,
+            device=device,
+            prompt_lengths=list(spec.prompt_lengths),
+            decode_tokens=spec.decode_tokens,
+            repeats=spec.repeats,
+            batch_size=spec.batch_size,
+            threads=spec.threads,
+        )
+        return _worker(settings)
+
+    return BenchSection(
+        settings=_settings(spec, device),
+        baseline=side(baseline),
+        artifact=side(artifact),
+        runtime_baseline=None if runtime_baseline is None else side(runtime_baseline),
+    )
+
+
+def cost_per_mtok(price_per_hour: float, tokens_per_s: float) -> float:
+    """USD for one million generated tokens at ``tokens_per_s`` on a ``price_per_hour`` device."""
+    return price_per_hour / (tokens_per_s * 3600) * 1e6
+
+
+def _flatten(result: BenchSide, spec: BenchSpec) -> dict[str, float]:
     metrics = {
-        "prefill_tok_s": float(result["prefill_tok_s"][longest]),
-        "decode_tok_s": float(result["decode_tok_s"]),
-        "ttft_s": float(result["ttft_s"][shortest]),
-        "peak_memory_bytes": float(result["peak_memory_bytes"]),
-        "weights_memory_bytes": float(result["weights_memory_bytes"]),
-        "load_s": float(result["load_s"]),
+        "prefill_tok_s": float(result.prefill_tok_s[str(max(spec.prompt_lengths))]),
+        "decode_tok_s": float(result.decode_tok_s),
+        "ttft_s": float(result.ttft_s[str(min(spec.prompt_lengths))]),
+        "peak_memory_bytes": float(result.peak_memory_bytes),
+        "weights_memory_bytes": float(result.weights_memory_bytes),
+        "load_s": float(result.load_s),
     }
-    if "batched_decode_tok_s" in result:
-        metrics["batched_decode_tok_s"] = float(result["batched_decode_tok_s"])
+    if result.batched_decode_tok_s is not None:
+        metrics["batched_decode_tok_s"] = float(result.batched_decode_tok_s)
     if spec.price_per_hour is not None:
-        throughput = max(metrics.get("batched_decode_tok_s", 0.0), metrics["decode_tok_s"])
-        metrics["cost_per_mtok_usd"] = spec.price_per_hour / (throughput * 3600) * 1e6
+        metrics["cost_per_mtok_usd"] = cost_per_mtok(spec.price_per_hour, metrics["decode_tok_s"])
+        if result.batched_decode_tok_s is not None:
+            metrics["batched_cost_per_mtok_usd"] = cost_per_mtok(
+                spec.price_per_hour, result.batched_decode_tok_s
+            )
     return metrics
 
 
-def metrics_from(bench: dict[str, Any], spec: BenchSpec) -> tuple[dict[str, float], dict[str, float]]:
-    """Flat metrics for the baseline and the artifact, with the artifact's ratios to baseline."""
-    base = _flatten(bench["baseline"], spec)
-    quant = _flatten(bench["artifact"], spec)
-    quant["decode_speed_ratio"] = quant["decode_tok_s"] / base["decode_tok_s"]
-    quant["prefill_speed_ratio"] = quant["prefill_tok_s"] / base["prefill_tok_s"]
-    quant["memory_ratio"] = quant["peak_memory_bytes"] / max(base["peak_memory_bytes"], 1.0)
-    quant["weights_memory_ratio"] = quant["weights_memory_bytes"] / max(base["weights_memory_bytes"], 1.0)
-    return base, quant
+def _ratios(
+    quant: BenchSide, base: BenchSide, spec: BenchSpec, prefix: str
+) -> tuple[dict[str, float], list[str]]:
+    """Speed ratios always; memory ratios only when both sides measured the same kind of memory."""
+    q, b = _flatten(quant, spec), _flatten(base, spec)
+    ratios = {
+        f"{prefix}decode_speed_ratio": q["decode_tok_s"] / b["decode_tok_s"],
+        f"{prefix}prefill_speed_ratio": q["prefill_tok_s"] / b["prefill_tok_s"],
+    }
+    notes: list[str] = []
+    if quant.memory_kind == base.memory_kind:
+        ratios[f"{prefix}memory_ratio"] = q["peak_memory_bytes"] / max(b["peak_memory_bytes"], 1.0)
+        if not prefix:
+            ratios["weights_memory_ratio"] = q["weights_memory_bytes"] / max(b["weights_memory_bytes"], 1.0)
+    else:
+        notes.append(
+            f"no {prefix}memory ratio: the artifact's memory is {quant.memory_kind} ({quant.runtime}), "
+            f"the baseline's {base.memory_kind} ({base.runtime})"
+        )
+    return ratios, notes
+
+
+def metrics_from(
+    bench: BenchSection, spec: BenchSpec
+) -> tuple[dict[str, float], dict[str, float], list[str]]:
+    """Flat metrics for the baseline and the artifact (with its ratios), and notes on what
+    could not be compared."""
+    base = _flatten(bench.baseline, spec)
+    quant = _flatten(bench.artifact, spec)
+    ratios, notes = _ratios(bench.artifact, bench.baseline, spec, "")
+    quant |= ratios
+    if bench.runtime_baseline is not None:
+        same_runtime, more = _ratios(bench.artifact, bench.runtime_baseline, spec, "runtime_")
+        quant |= same_runtime
+        notes += more
+    elif bench.artifact.runtime == bench.baseline.runtime:  # the baseline already ran in it
+        quant |= {
+            f"runtime_{name}": value for name, value in ratios.items() if name != "weights_memory_ratio"
+        }
+    return base, quant, notes

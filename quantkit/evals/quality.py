@@ -1,42 +1,35 @@
-"""Quality delta against the baseline reference: perplexity, KLD, top-1 agreement, Δp."""
+"""Quality of an artifact against the cached baseline reference, on identical token windows.
+
+Every runtime is scored through the top-k contract (``quantkit.runtimes.base``). KLD is the
+top-k + residual-mass estimate: over the baseline's top-k ids and one "rest" bucket,
+
+    KL = sum_i p_i (log p_i - log q_i) + p_rest (log p_rest - log q_rest),
+
+with ``q_i`` the artifact's probabilities of the baseline's top-k ids and ``q_rest`` its
+mass outside them. It is exact when k covers the vocabulary and a lower bound otherwise
+(merging the tail into one bucket can only lose divergence). A runtime with the full
+distribution gives ``q_i`` exactly; for a top-k-only runtime, ids missing from its own top-k
+share its residual mass, each capped at its k-th probability (``estimated_reference_logprobs``).
+"""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from quantkit.errors import BackendError
+from quantkit.window_scores import BaselineWindows, QuantizedWindows, WindowScores
 
 if TYPE_CHECKING:
     import numpy as np
 
-    from quantkit.calibration import TokenWindows
     from quantkit.evals.reference import Reference
+    from quantkit.runtimes.base import Runtime, Scores
+    from quantkit.tokens import TokenWindows
 
-# name -> (higher_is_better, unit, description)
-METRIC_INFO: dict[str, tuple[bool, str, str]] = {
-    "ppl": (False, "", "perplexity on the eval windows"),
-    "ppl_increase_pct": (False, "%", "perplexity change vs the baseline"),
-    "kld_mean": (False, "nats", "mean KL(baseline || quantized) per token"),
-    "kld_median": (False, "nats", "median per-token KLD"),
-    "kld_p99": (False, "nats", "99th percentile per-token KLD"),
-    "top1_agreement_pct": (True, "%", "tokens whose argmax matches the baseline's"),
-    "delta_p_mean": (True, "", "mean change in probability of the correct token"),
-    "tokens": (True, "", "tokens scored"),
-    "prefill_tok_s": (True, "tok/s", "prefill speed at the longest bench prompt, batch 1"),
-    "decode_tok_s": (True, "tok/s", "greedy decode speed with the KV cache, batch 1"),
-    "batched_decode_tok_s": (True, "tok/s", "decode throughput at the bench batch size"),
-    "ttft_s": (False, "s", "time to first token at the shortest bench prompt"),
-    "peak_memory_bytes": (False, "B", "peak RSS over the pre-load RSS (CPU) or peak allocated (GPU)"),
-    "weights_memory_bytes": (False, "B", "memory taken by loading the model"),
-    "load_s": (False, "s", "model load time"),
-    "cost_per_mtok_usd": (False, "USD", "cost of 1M generated tokens at bench.price_per_hour"),
-    "decode_speed_ratio": (True, "x", "decode tok/s relative to the baseline"),
-    "prefill_speed_ratio": (True, "x", "prefill tok/s relative to the baseline"),
-    "memory_ratio": (False, "x", "peak memory relative to the baseline"),
-    "weights_memory_ratio": (False, "x", "weights memory relative to the baseline"),
-    "task_recovery_pct": (True, "%", "lm-eval score recovered vs the baseline, averaged over tasks"),
-}
+_TINY = 1e-30
 
 
 @dataclass
@@ -49,50 +42,81 @@ class PositionScores:
     delta_p: np.ndarray
 
 
+def estimated_reference_logprobs(scores: Scores, reference_ids: np.ndarray) -> np.ndarray:
+    """log q of the reference's ids from a runtime's own top-k only.
+
+    An id in the runtime's top-k gets its exact log-prob. The ``m`` ids missing from it share
+    the runtime's residual mass ``R``: each gets ``min(q_k, R / (m + 1))`` (``q_k``: the
+    runtime's k-th probability, an upper bound for any id outside its top-k; the ``+ 1`` leaves
+    mass for the rest of the vocabulary).
+    """
+    import numpy as np
+
+    own_ids = scores.topk_ids.astype(np.int64)
+    own_lp = scores.topk_logprobs.astype(np.float64)
+    match = reference_ids[..., :, None] == own_ids[..., None, :]  # [B, T, k_ref, k_own]
+    found = match.any(-1)
+    exact = np.where(match, own_lp[..., None, :], -np.inf).max(-1)
+    residual = np.exp(scores.residual_logmass())  # [B, T]
+    missing = (~found).sum(-1)
+    share = np.minimum(np.exp(own_lp[..., -1]), residual / (missing + 1))
+    return np.where(found, exact, np.log(np.clip(share, _TINY, None))[..., None])
+
+
+def topk_kld(reference: Reference, rows: slice, q_ref: np.ndarray, q_rest: np.ndarray | None) -> np.ndarray:
+    """Per-position KLD of the top-k + residual estimator for reference ``rows``; ``q_rest`` is
+    the artifact's log mass outside the reference's ids (derived from ``q_ref`` when None)."""
+    import numpy as np
+
+    ref_lp = reference.topk_logprobs[rows].astype(np.float64)
+    ref_rest = reference.rest_logmass[rows].astype(np.float64)
+    q_ref = q_ref.astype(np.float64)
+    if q_rest is None:
+        q_rest = np.log(np.clip(1.0 - np.exp(q_ref).sum(-1), _TINY, None))
+    kl_top = (np.exp(ref_lp) * (ref_lp - q_ref)).sum(-1)
+    p_rest = np.exp(ref_rest)
+    with np.errstate(invalid="ignore"):  # -inf - -inf where k covers the vocabulary: no rest bucket
+        kl_rest = np.where(p_rest > 0, p_rest * (ref_rest - q_rest.astype(np.float64)), 0.0)
+    return np.clip(kl_top + kl_rest, 0.0, None)
+
+
 def score(
-    log_probs: Callable[[Any], Any],
+    runtime: Runtime,
     windows: TokenWindows,
     reference: Reference,
     batch_size: int,
     on_batch: Callable[[int], None] = lambda n: None,
 ) -> PositionScores:
-    """Score ``windows`` with ``log_probs`` against ``reference`` position by position.
-
-    KLD uses the compact reference: the baseline's top-k probabilities plus its residual mass
-    against the model's probabilities of the same k tokens plus its own residual mass (the
-    llama.cpp ``--kl-divergence`` estimate; exact when k covers the vocabulary).
-    """
+    """Score ``windows`` in ``runtime`` against ``reference``, position by position."""
     import numpy as np
-    import torch
 
-    ids = torch.as_tensor(windows.ids, dtype=torch.long)
+    from quantkit.runtimes.base import ScoreRequest
+
+    ids = np.asarray(windows.ids, dtype=np.int64)
     nll, kld, top1, delta = [], [], [], []
     for start in range(0, len(ids), batch_size):
-        stop = start + batch_size
-        batch = ids[start:stop]
-        lq = log_probs(batch)[:, :-1].float().cpu()
-        ref_lp = torch.from_numpy(reference.topk_logprobs[start:stop]).float()
-        ref_ids = torch.from_numpy(reference.topk_ids[start:stop]).long()
-        ref_rest = torch.from_numpy(reference.rest_logmass[start:stop]).float()
-        ref_target = torch.from_numpy(reference.target_logprobs[start:stop]).float()
-
-        target_lq = lq.gather(-1, batch[:, 1:, None]).squeeze(-1)
-        q_top = lq.gather(-1, ref_ids)
-        outside = lq.scatter(-1, ref_ids, float("-inf"))
-        q_rest = torch.logsumexp(outside, dim=-1)
-        kl_top = (ref_lp.exp() * (ref_lp - q_top)).sum(-1)
-        p_rest = ref_rest.exp()
-        kl_rest = torch.where(p_rest > 0, p_rest * (ref_rest - q_rest), torch.zeros_like(p_rest))
-        nll.append((-target_lq).numpy())
-        kld.append((kl_top + kl_rest).clamp(min=0.0).numpy())
-        top1.append((lq.argmax(-1) == ref_ids[..., 0]).numpy())
-        delta.append((target_lq.exp() - ref_target.exp()).numpy())
+        rows = slice(start, start + batch_size)
+        batch = ids[rows]
+        ref_ids = reference.topk_ids[rows].astype(np.int64)
+        if runtime.scores_any_token:
+            scores = runtime.score(ScoreRequest(ids=batch, top_k=1, reference_ids=ref_ids))
+            if scores.reference_logprobs is None:
+                raise BackendError(f"the {runtime.name} runtime ignored reference_ids", "report this")
+            q_ref, q_rest = scores.reference_logprobs, scores.reference_rest_logmass
+        else:
+            scores = runtime.score(ScoreRequest(ids=batch, top_k=reference.top_k))
+            q_ref, q_rest = estimated_reference_logprobs(scores, ref_ids), None
+        target = scores.target_logprobs.astype(np.float64)
+        nll.append(-target)
+        kld.append(topk_kld(reference, rows, q_ref, q_rest))
+        top1.append(scores.topk_ids[..., 0] == ref_ids[..., 0])
+        delta.append(np.exp(target) - np.exp(reference.target_logprobs[rows].astype(np.float64)))
         on_batch(len(batch))
     return PositionScores(
-        nll=np.concatenate(nll).astype(np.float64),
-        kld=np.concatenate(kld).astype(np.float64),
+        nll=np.concatenate(nll),
+        kld=np.concatenate(kld),
         top1_match=np.concatenate(top1),
-        delta_p=np.concatenate(delta).astype(np.float64),
+        delta_p=np.concatenate(delta),
     )
 
 
@@ -119,33 +143,15 @@ def summarize(scores: PositionScores, baseline_ppl: float) -> dict[str, float]:
     }
 
 
-def per_window(scores: PositionScores, reference: Reference) -> dict[str, Any]:
-    """Per-window means of baseline and quantized model (for significance tests).
-
-    Every window has the same number of predicted positions, so the mean over windows of
-    these per-window means is the token mean the metrics use.
-    """
-    return {
-        "schema_version": 1,
-        "positions_per_window": int(scores.nll.shape[-1]),
-        "baseline": {"nll_mean": [float(v) for v in (-reference.target_logprobs.astype("float64")).mean(-1)]},
-        "quantized": {
-            "nll_mean": [float(v) for v in scores.nll.mean(-1)],
-            "kld_mean": [float(v) for v in scores.kld.mean(-1)],
-            "top1_agreement": [float(v) for v in scores.top1_match.mean(-1)],
-        },
-    }
-
-
-def with_info(metrics: dict[str, float]) -> dict[str, dict[str, Any]]:
-    """Attach ``higher_is_better`` and units to metric values for the manifest."""
-    out: dict[str, dict[str, Any]] = {}
-    for name, value in metrics.items():
-        higher, unit, description = METRIC_INFO[name.split(":")[0]]
-        out[name] = {
-            "value": value,
-            "higher_is_better": higher,
-            "unit": unit,
-            "description": description,
-        }
-    return out
+def per_window(scores: PositionScores, reference: Reference) -> WindowScores:
+    """Per-window means of baseline and quantized model (for significance tests)."""
+    baseline_nll = (-reference.target_logprobs.astype("float64")).mean(-1)
+    return WindowScores(
+        positions_per_window=int(scores.nll.shape[-1]),
+        baseline=BaselineWindows(nll_mean=[float(v) for v in baseline_nll]),
+        quantized=QuantizedWindows(
+            nll_mean=[float(v) for v in scores.nll.mean(-1)],
+            kld_mean=[float(v) for v in scores.kld.mean(-1)],
+            top1_agreement=[float(v) for v in scores.top1_match.mean(-1)],
+        ),
+    )

@@ -8,14 +8,15 @@ import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from quantkit.paths import cache_dir
 
 if TYPE_CHECKING:
     import numpy as np
 
-    from quantkit.calibration import TokenWindows
+    from quantkit.runtimes.base import Runtime
+    from quantkit.tokens import TokenWindows
 
 REFERENCE_VERSION = 1
 
@@ -89,28 +90,27 @@ def save(reference: Reference) -> Path:
 
 
 def compute(
-    log_probs: Callable[[Any], Any],
+    runtime: Runtime,
     windows: TokenWindows,
     top_k: int,
     batch_size: int,
     key: str,
     on_batch: Callable[[int], None] = lambda n: None,
 ) -> Reference:
-    """Score ``windows`` with ``log_probs`` and keep the compact top-k reference."""
+    """Score ``windows`` in the baseline ``runtime`` and keep the compact top-k reference."""
     import numpy as np
-    import torch
 
-    ids = torch.as_tensor(windows.ids, dtype=torch.long)
+    from quantkit.runtimes.base import ScoreRequest
+
+    ids = np.asarray(windows.ids, dtype=np.int64)
     topk_lp, topk_ids, rest, target = [], [], [], []
     for start in range(0, len(ids), batch_size):
         batch = ids[start : start + batch_size]
-        lp = log_probs(batch)[:, :-1].float().cpu()
-        values, indices = lp.topk(top_k, dim=-1)
-        outside = lp.scatter(-1, indices, float("-inf"))
-        topk_lp.append(values.numpy())
-        topk_ids.append(indices.to(torch.int32).numpy())
-        rest.append(torch.logsumexp(outside, dim=-1).numpy())
-        target.append(lp.gather(-1, batch[:, 1:, None]).squeeze(-1).numpy())
+        scores = runtime.score(ScoreRequest(ids=batch, top_k=top_k))
+        topk_lp.append(scores.topk_logprobs)
+        topk_ids.append(scores.topk_ids.astype(np.int32))
+        rest.append(scores.residual_logmass())
+        target.append(scores.target_logprobs)
         on_batch(len(batch))
     return Reference(
         topk_logprobs=np.concatenate(topk_lp).astype(np.float32),

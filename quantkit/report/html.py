@@ -7,12 +7,13 @@ from html import escape
 
 from quantkit import __version__
 from quantkit.report import plots
-from quantkit.report.table import TEXT_KEYS, Comparison, format_cell
+from quantkit.report.table import TEXT_KEYS, Comparison, Group, format_cell
 
 _CSS = """
 body { font-family: system-ui, -apple-system, "Segoe UI", Helvetica, Arial, sans-serif; margin: 24px;
        color: #212529; background: #fff; }
-h1 { font-size: 22px; margin: 0 0 4px; } h2 { font-size: 17px; margin: 28px 0 8px; }
+h1 { font-size: 22px; margin: 0 0 4px; } h2 { font-size: 18px; margin: 32px 0 8px; }
+h3 { font-size: 16px; margin: 24px 0 8px; }
 .meta, .note, figcaption { color: #495057; font-size: 13px; }
 table { border-collapse: collapse; font-size: 13px; margin-top: 8px; }
 th, td { padding: 5px 10px; border-bottom: 1px solid #dee2e6; white-space: nowrap; }
@@ -27,7 +28,7 @@ figure { margin: 0; max-width: 640px; } figure svg { max-width: 100%; height: au
 """
 
 
-def _table(comparison: Comparison) -> str:
+def _table(comparison: Comparison, group: Group, index: int) -> str:
     columns = comparison.columns()
     head = "".join(
         f'<th class="text" scope="col">{escape(title)}</th>'
@@ -36,37 +37,73 @@ def _table(comparison: Comparison) -> str:
         for key, title in columns
     )
     body = []
-    for index, row in enumerate(comparison.rows):
+    for position, row in enumerate(group.rows):
         cells = []
         for key, _ in columns:
             text = escape(format_cell(key, row.get(key)))
             cells.append(f'<td class="text">{text}</td>' if key in TEXT_KEYS else f"<td>{text}</td>")
-        tip = "" if index == 0 else f' title="{escape(str(row.get("run_id", "")))}"'
-        body.append(f'<tr class="{"baseline" if index == 0 else "run"}"{tip}>{"".join(cells)}</tr>')
+        tip = "" if position == 0 else f' title="{escape(str(row.get("path", "")))}"'
+        body.append(f'<tr class="{"baseline" if position == 0 else "run"}"{tip}>{"".join(cells)}</tr>')
+    table_id = "comparison" if index == 0 else f"comparison-{index}"
     return (
-        f'<table id="comparison">\n<thead><tr>{head}</tr></thead>\n<tbody>\n'
+        f'<table id="{table_id}">\n<thead><tr>{head}</tr></thead>\n<tbody>\n'
         + "\n".join(body)
         + "\n</tbody>\n</table>"
     )
 
 
-def to_html(comparison: Comparison) -> str:
-    """The report as one HTML page with inline CSS and SVG: nothing is fetched when it is opened."""
-    model = comparison.rows[0].get("model") if comparison.rows else None
-    created = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
-    runs = len(comparison.rows) - 1
-    meta = f"model: {model or '—'} · {runs} run(s) · generated {created} by quantkit {__version__}"
-    warnings = ""
-    if comparison.warnings:
-        items = "".join(f"<p>⚠ warning: {escape(text)}</p>" for text in comparison.warnings)
-        warnings = f'<div class="warnings" role="alert">{items}</div>'
-    speed = any(row.get("decode_tok_s") is not None for row in comparison.rows[1:])
+def _plots(group: Group, index: int) -> str:
+    speed = any(row.get("decode_tok_s") is not None for row in group.rows[1:])
     second_caption = (
         "Decode throughput against KLD mean: up and to the left is better."
         if speed
         else "No decode speed was measured for these runs, so this plot shows the ppl increase against "
         "bits per weight instead: down and to the left is better."
     )
+    suffix = "" if index == 0 else f"-{index}"
+    return f"""<div class="plots">
+<figure id="plot-size{suffix}">
+{plots.quality_vs_size(group.rows)}
+<figcaption>KLD mean against size: down and to the left is better. Orange points joined by the dashed
+line form the Pareto front: no other point is both smaller and lower in KLD. On a log axis the baseline's
+KLD of 0 sits on its own slot below the axis break.</figcaption>
+</figure>
+<figure id="plot-speed{suffix}">
+{plots.speed_vs_quality(group.rows)}
+<figcaption>{escape(second_caption)} Orange points joined by the dashed line form the Pareto front
+(not dominated on both axes).</figcaption>
+</figure>
+</div>"""
+
+
+def _section(comparison: Comparison, group: Group, index: int) -> str:
+    heading = ""
+    if len(comparison.groups) > 1:
+        heading = f"<h2>{escape(group.title())}</h2>\n"
+    return f"""{heading}<h3>Quantized runs against the unquantized baseline</h3>
+{_table(comparison, group, index)}
+<h3>Trade-offs</h3>
+{_plots(group, index)}"""
+
+
+def to_html(comparison: Comparison) -> str:
+    """The report as one HTML page with inline CSS and SVG: nothing is fetched when it is opened."""
+    from quantkit.report.render import NOTE
+
+    models = sorted({group.model for group in comparison.groups})
+    model = ", ".join(models)
+    created = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+    runs = sum(len(group.rows) - 1 for group in comparison.groups)
+    groups = len(comparison.groups)
+    meta = (
+        f"model: {model or '—'} · {runs} run(s) · {groups} baseline(s) · generated {created} "
+        f"by quantkit {__version__}"
+    )
+    warnings = ""
+    if comparison.warnings:
+        items = "".join(f"<p>⚠ warning: {escape(text)}</p>" for text in comparison.warnings)
+        warnings = f'<div class="warnings" role="alert">{items}</div>'
+    sections = "\n".join(_section(comparison, group, index) for index, group in enumerate(comparison.groups))
     return f"""<!DOCTYPE html>
 <html lang="en">
 <head>
@@ -79,24 +116,8 @@ def to_html(comparison: Comparison) -> str:
 <h1>quantkit comparison</h1>
 <p class="meta">{escape(meta)}</p>
 {warnings}
-<h2>Quantized runs against the unquantized baseline</h2>
-{_table(comparison)}
-<p class="note">Δppl and KLD are against the unquantized baseline on identical token windows; KLD is
-KL(baseline ‖ quantized) in nats per token. “—” means the value was not measured.</p>
-<h2>Trade-offs</h2>
-<div class="plots">
-<figure id="plot-size">
-{plots.quality_vs_size(comparison.rows)}
-<figcaption>KLD mean against size: down and to the left is better. Orange points joined by the dashed
-line form the Pareto front: no other point is both smaller and lower in KLD. On a log axis the baseline's
-KLD of 0 sits on its own slot below the axis break.</figcaption>
-</figure>
-<figure id="plot-speed">
-{plots.speed_vs_quality(comparison.rows)}
-<figcaption>{escape(second_caption)} Orange points joined by the dashed line form the Pareto front
-(not dominated on both axes).</figcaption>
-</figure>
-</div>
+{sections}
+<p class="note">{escape(NOTE)} “—” means the value was not measured.</p>
 </body>
 </html>
 """

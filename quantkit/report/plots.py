@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from html import escape
-from typing import Any
+
+from pydantic import JsonValue
 
 WIDTH, HEIGHT = 640, 430
 LEFT, RIGHT, TOP, BOTTOM = 78, 24, 44, 92
@@ -95,7 +96,7 @@ class Axis:
         return [(t, _label(t)) for t in self.ticks]
 
 
-def _text(x: float, y: float, text: str, **attrs: Any) -> str:
+def _text(x: float, y: float, text: str, **attrs: object) -> str:
     extra = "".join(f' {k.rstrip("_").replace("_", "-")}="{escape(str(v))}"' for k, v in attrs.items())
     return f'<text x="{x:.1f}" y="{y:.1f}"{extra}>{escape(text)}</text>'
 
@@ -223,7 +224,7 @@ def scatter_svg(
     return "\n".join(parts)
 
 
-def _labels(rows: Sequence[dict[str, Any]]) -> list[str]:
+def _labels(rows: Sequence[Mapping[str, JsonValue]]) -> list[str]:
     """Row names, made unique with the scheme (then a number) when runs share a name."""
     names = [str(row.get("name")) for row in rows]
     labels = [
@@ -233,7 +234,9 @@ def _labels(rows: Sequence[dict[str, Any]]) -> list[str]:
     return [f"{label} #{i}" if labels.count(label) > 1 else label for i, label in enumerate(labels)]
 
 
-def _points(rows: Sequence[dict[str, Any]], x_key: str, y_key: str, x_scale: float = 1.0) -> list[Point]:
+def _points(
+    rows: Sequence[Mapping[str, JsonValue]], x_key: str, y_key: str, x_scale: float = 1.0
+) -> list[Point]:
     out = []
     for index, (row, label) in enumerate(zip(rows, _labels(rows), strict=True)):
         x, y = row.get(x_key), row.get(y_key)
@@ -243,7 +246,7 @@ def _points(rows: Sequence[dict[str, Any]], x_key: str, y_key: str, x_scale: flo
     return out
 
 
-def quality_vs_size(rows: Sequence[dict[str, Any]]) -> str:
+def quality_vs_size(rows: Sequence[Mapping[str, JsonValue]]) -> str:
     """KLD mean against disk size (MB), or against bits/weight where sizes are missing."""
     if all(row.get("disk_bytes") is not None for row in rows):
         points, x_label = _points(rows, "disk_bytes", "kld_mean", 1e6), "disk size (MB)"
@@ -254,7 +257,7 @@ def quality_vs_size(rows: Sequence[dict[str, Any]]) -> str:
     )
 
 
-def speed_vs_quality(rows: Sequence[dict[str, Any]]) -> str:
+def speed_vs_quality(rows: Sequence[Mapping[str, JsonValue]]) -> str:
     """Decode tok/s against KLD mean; without speed numbers, Δppl % against bits/weight instead."""
     if any(row.get("decode_tok_s") is not None for row in rows[1:]):
         return scatter_svg(

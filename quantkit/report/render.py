@@ -1,30 +1,43 @@
-"""Render a Comparison as Markdown, JSON, HTML or a Rich table."""
+"""Render a Comparison as Markdown, JSON, HTML or Rich tables (one table per baseline group)."""
 
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import TYPE_CHECKING
 
-from quantkit.report.table import TEXT_KEYS, Comparison, format_cell
+from quantkit.report.table import TEXT_KEYS, Comparison, Group, format_cell
+
+if TYPE_CHECKING:
+    from rich.console import RenderableType
+
+NOTE = (
+    "Δppl and KLD are against the unquantized baseline of each group on identical token windows; "
+    "KLD is KL(baseline ‖ quantized) in nats per token. bits (quantized): nominal bits per weight of "
+    "the quantized layers; bpw (file): bits per parameter of the whole file."
+)
 
 
-def to_markdown(comparison: Comparison) -> str:
-    """GitHub-flavoured Markdown table (for PR comments and step summaries)."""
+def _markdown_table(comparison: Comparison, group: Group) -> list[str]:
     columns = comparison.columns()
     header = "| " + " | ".join(title for _, title in columns) + " |"
     rule = "|" + "|".join("---" if key in TEXT_KEYS else "---:" for key, _ in columns) + "|"
-    lines = ["# quantkit comparison", "", header, rule]
-    for row in comparison.rows:
+    lines = [header, rule]
+    for row in group.rows:
         cells = [format_cell(key, row.get(key)).replace("|", "\\|") for key, _ in columns]
         lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
+def to_markdown(comparison: Comparison) -> str:
+    """GitHub-flavoured Markdown tables (for PR comments and step summaries)."""
+    lines = ["# quantkit comparison", ""]
+    for group in comparison.groups:
+        if len(comparison.groups) > 1:
+            lines += [f"## {group.title()}", ""]
+        lines += [*_markdown_table(comparison, group), ""]
     if comparison.warnings:
-        lines += ["", *[f"> warning: {text}" for text in comparison.warnings]]
-    lines += [
-        "",
-        "Δppl and KLD are against the unquantized baseline on identical token windows; "
-        "KLD is KL(baseline ‖ quantized) in nats per token.",
-        "",
-    ]
+        lines += [*[f"> warning: {text}" for text in comparison.warnings], ""]
+    lines += [NOTE, ""]
     return "\n".join(lines)
 
 
@@ -33,21 +46,29 @@ def to_json(comparison: Comparison) -> str:
 
 
 def to_html(comparison: Comparison) -> str:
-    """A self-contained HTML page: table, warnings and two inline SVG plots."""
+    """A self-contained HTML page: tables, warnings and inline SVG plots per group."""
     from quantkit.report.html import to_html as _to_html
 
     return _to_html(comparison)
 
 
-def to_rich(comparison: Comparison) -> Any:
-    """A Rich Table for the terminal."""
+def to_rich(comparison: Comparison) -> RenderableType:
+    """Rich tables for the terminal, one per baseline group."""
+    from rich.console import Group as RichGroup
+    from rich.markup import escape
     from rich.table import Table
 
-    table = Table(title="quantkit: quantized vs baseline", show_lines=False)
+    tables = []
     columns = comparison.columns()
-    for key, title in columns:
-        table.add_column(title, justify="left" if key in TEXT_KEYS else "right")
-    for index, row in enumerate(comparison.rows):
-        style = "bold" if index == 0 else None
-        table.add_row(*[format_cell(key, row.get(key)) for key, _ in columns], style=style)
-    return table
+    for group in comparison.groups:
+        title = "quantkit: quantized vs baseline"
+        if len(comparison.groups) > 1:
+            title += f" — {group.title()}"
+        table = Table(title=escape(title), show_lines=False)
+        for key, heading in columns:
+            table.add_column(heading, justify="left" if key in TEXT_KEYS else "right")
+        for index, row in enumerate(group.rows):
+            style = "bold" if index == 0 else None
+            table.add_row(*[escape(format_cell(key, row.get(key))) for key, _ in columns], style=style)
+        tables.append(table)
+    return RichGroup(*tables)

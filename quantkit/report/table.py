@@ -1,20 +1,31 @@
-"""The comparison table: one baseline row, then one row per run, as plain data."""
+"""The comparison: runs grouped by their baseline, one baseline row per group, as plain data.
+
+Runs share a baseline when they were measured against the same model (fingerprint), on the
+same device, on the same eval tokens (hash) and with the same baseline precision; each row's
+deltas and ratios are against its own group's baseline row.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+
+from pydantic import JsonValue
 
 from quantkit import __version__
+from quantkit.metrics import METRICS, format_metric
 from quantkit.store import RunRecord
 
-REPORT_SCHEMA = 1
+REPORT_SCHEMA = 2
+
+Row = dict[str, JsonValue]
 
 COLUMNS: list[tuple[str, str]] = [
     ("name", "run"),
+    ("run_id", "run id"),
     ("method", "method"),
     ("scheme", "scheme"),
-    ("weight_bits", "bits"),
+    ("weight_bits", "bits (quantized)"),
+    ("file_bpw", "bpw (file)"),
     ("disk_bytes", "disk"),
     ("ppl", "ppl"),
     ("ppl_increase_pct", "Δppl %"),
@@ -30,125 +41,170 @@ OPTIONAL_COLUMNS: list[tuple[str, str]] = [
     ("prefill_tok_s", "prefill tok/s"),
     ("decode_tok_s", "decode tok/s"),
     ("decode_speed_ratio", "decode × base"),
-    ("cost_per_mtok_usd", "$/1M tok"),
+    ("runtime_decode_speed_ratio", "decode × unquantized, same runtime"),
+    ("cost_per_mtok_usd", "$/1M tok (batch 1)"),
     ("task_recovery_pct", "lm-eval recovery %"),
 ]
 
-TEXT_KEYS = ("name", "method", "scheme")
+TEXT_KEYS = ("name", "run_id", "method", "scheme")
+_QUALITY = ("ppl", "ppl_increase_pct", "kld_mean", "kld_p99", "top1_agreement_pct")
+
+
+@dataclass
+class Group:
+    """Runs measured against one baseline; ``rows[0]`` is that baseline."""
+
+    model: str
+    device: str
+    baseline_dtype: str
+    eval_hash: str
+    rows: list[Row]
+    warnings: list[str] = field(default_factory=list)
+
+    def title(self) -> str:
+        return f"{self.model} on {self.device} ({self.baseline_dtype} baseline, eval {self.eval_hash[:12]})"
 
 
 @dataclass
 class Comparison:
-    """Rows for a set of runs sharing (ideally) one baseline."""
+    """Groups of runs, each against its own baseline."""
 
-    rows: list[dict[str, Any]]
+    groups: list[Group]
     warnings: list[str]
+
+    @property
+    def rows(self) -> list[Row]:
+        """Every group's rows, in order (each row names its ``group``)."""
+        return [row for group in self.groups for row in group.rows]
 
     def columns(self) -> list[tuple[str, str]]:
         """The fixed columns plus each optional one that some row has a value for."""
-        present = [col for col in OPTIONAL_COLUMNS if any(row.get(col[0]) is not None for row in self.rows)]
+        rows = self.rows
+        present = [col for col in OPTIONAL_COLUMNS if any(row.get(col[0]) is not None for row in rows)]
         return COLUMNS + present
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, JsonValue]:
         return {
             "schema_version": REPORT_SCHEMA,
             "quantkit_version": __version__,
             "columns": [key for key, _ in self.columns()],
-            "rows": self.rows,
-            "warnings": self.warnings,
+            "rows": list(self.rows),
+            "groups": [
+                {
+                    "model": group.model,
+                    "device": group.device,
+                    "baseline_dtype": group.baseline_dtype,
+                    "eval_hash": group.eval_hash,
+                    "runs": len(group.rows) - 1,
+                    "warnings": list(group.warnings),
+                }
+                for group in self.groups
+            ],
+            "warnings": list(self.warnings),
         }
 
 
-def _value(manifest: dict[str, Any], section: str, name: str) -> Any:
-    entry = manifest.get("metrics", {}).get(section, {}).get(name)
-    return None if entry is None else entry.get("value")
+def baseline_key(record: RunRecord) -> tuple[str, str, str, str]:
+    """What makes two runs share a baseline."""
+    manifest = record.manifest
+    return (manifest.model.fingerprint, manifest.device, manifest.eval.hash, manifest.baseline.dtype)
+
+
+def _baseline_row(record: RunRecord, index: int) -> Row:
+    manifest = record.manifest
+    params = manifest.model.parameters
+    row: Row = {
+        "name": "baseline",
+        "run_id": None,
+        "method": "none",
+        "scheme": manifest.baseline.dtype,
+        "weight_bits": manifest.baseline.weight_bits,
+        "file_bpw": round(8 * manifest.model.disk_bytes / params, 3) if params else None,
+        "disk_bytes": manifest.model.disk_bytes,
+        "ppl": manifest.metrics.values("baseline").get("ppl"),
+        "ppl_increase_pct": 0.0,
+        "kld_mean": 0.0,
+        "kld_p99": 0.0,
+        "top1_agreement_pct": 100.0,
+        "quantize_s": None,
+        "model": manifest.model.spec,
+        "group": index,
+    }
+    baseline = manifest.metrics.values("baseline")
+    for key, _ in OPTIONAL_COLUMNS:
+        row[key] = baseline.get(key)
+    if baseline.get("decode_tok_s") is not None:
+        row["decode_speed_ratio"] = 1.0  # the baseline against itself
+    return row
+
+
+def _run_row(record: RunRecord, index: int) -> Row:
+    manifest = record.manifest
+    artifact = manifest.artifact
+    quantized = manifest.metrics.values("quantized")
+    row: Row = {
+        "name": manifest.display_name,
+        "run_id": record.name,
+        "method": manifest.recipe.method,
+        "scheme": artifact.scheme,
+        "weight_bits": artifact.weight_bits,
+        "file_bpw": artifact.file_bpw,
+        "disk_bytes": artifact.disk_bytes,
+        "quantize_s": manifest.timings.get("quantize_s"),
+        "path": str(record.path),
+        "model": manifest.model.spec,
+        "group": index,
+        "gate_passed": None if manifest.gate is None else manifest.gate.passed,
+    }
+    for key in (*_QUALITY, *(key for key, _ in OPTIONAL_COLUMNS)):
+        row[key] = quantized.get(key)
+    return row
 
 
 def build(runs: list[RunRecord]) -> Comparison:
-    """Build the comparison rows; warn when runs were evaluated against different baselines."""
-    warnings: list[str] = []
-    first = runs[0].manifest
-    base_key = first.get("eval", {}).get("reference_key")
-    for run in runs[1:]:
-        if run.manifest.get("eval", {}).get("reference_key") != base_key:
-            warnings.append(
-                f"{run.name} was evaluated on a different model, text or windows than "
-                f"{runs[0].name}: its deltas are against its own baseline"
-            )
-        if run.manifest.get("environment", {}).get("libraries") != first.get("environment", {}).get(
-            "libraries"
-        ):
-            warnings.append(f"{run.name} used different library versions than {runs[0].name}")
-    rows = [
-        {
-            "name": "baseline",
-            "method": "none",
-            "scheme": first.get("baseline", {}).get("dtype", ""),
-            "weight_bits": first.get("baseline", {}).get("weight_bits"),
-            "disk_bytes": first.get("model", {}).get("disk_bytes"),
-            "ppl": _value(first, "baseline", "ppl"),
-            "ppl_increase_pct": 0.0,
-            "kld_mean": 0.0,
-            "kld_p99": 0.0,
-            "top1_agreement_pct": 100.0,
-            "quantize_s": None,
-            "model": first.get("model", {}).get("spec"),
-        }
-    ]
-    for key, _ in OPTIONAL_COLUMNS:
-        rows[0][key] = _value(first, "baseline", key)
+    """Group runs by baseline, keep the order they were given in, and warn where a group's
+    runs used different library versions."""
+    keyed: dict[tuple[str, str, str, str], list[RunRecord]] = {}
     for run in runs:
-        manifest = run.manifest
-        artifact = manifest.get("artifact", {})
-        row = {
-            "name": manifest.get("recipe", {}).get("name", run.name),
-            "run_id": run.name,
-            "method": manifest.get("recipe", {}).get("method"),
-            "scheme": artifact.get("scheme"),
-            "weight_bits": artifact.get("weight_bits"),
-            "disk_bytes": artifact.get("disk_bytes"),
-            "quantize_s": manifest.get("timings", {}).get("quantize_s"),
-            "path": str(run.path),
-        }
-        for key in ("ppl", "ppl_increase_pct", "kld_mean", "kld_p99", "top1_agreement_pct"):
-            row[key] = _value(manifest, "quantized", key)
-        for key, _ in OPTIONAL_COLUMNS:
-            row[key] = _value(manifest, "quantized", key)
-        gate = manifest.get("gate")
-        row["gate_passed"] = None if gate is None else gate.get("passed")
-        rows.append(row)
-    baseline = rows[0]
-    if baseline["decode_speed_ratio"] is None and baseline["decode_tok_s"] is not None:
-        baseline["decode_speed_ratio"] = 1.0  # the baseline against itself
-    if baseline["task_recovery_pct"] is None and any(row["task_recovery_pct"] is not None for row in rows):
-        baseline["task_recovery_pct"] = 100.0
-    return Comparison(rows=rows, warnings=warnings)
+        keyed.setdefault(baseline_key(run), []).append(run)
+    groups: list[Group] = []
+    for index, members in enumerate(keyed.values()):
+        first = members[0].manifest
+        group = Group(
+            model=first.model.spec,
+            device=first.device,
+            baseline_dtype=first.baseline.dtype,
+            eval_hash=first.eval.hash,
+            rows=[_baseline_row(members[0], index), *(_run_row(run, index) for run in members)],
+        )
+        for run in members[1:]:
+            if run.manifest.environment.libraries != first.environment.libraries:
+                group.warnings.append(f"{run.name} used different library versions than {members[0].name}")
+        if any(row["task_recovery_pct"] is not None for row in group.rows[1:]):
+            group.rows[0]["task_recovery_pct"] = 100.0
+        groups.append(group)
+    warnings = [text for group in groups for text in group.warnings]
+    if len(groups) > 1:
+        warnings.insert(
+            0,
+            f"these runs have {len(groups)} different baselines (model, device, eval tokens or precision): "
+            "each is compared with its own baseline row",
+        )
+    return Comparison(groups=groups, warnings=warnings)
 
 
-def format_cell(key: str, value: Any) -> str:
-    """Human formatting of one table cell."""
+def format_cell(key: str, value: JsonValue) -> str:
+    """Human formatting of one table cell (metric columns as the metric registry says)."""
     if value is None:
         return "—"
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return str(value)
+    if key in METRICS:
+        return format_metric(key, float(value), with_unit=False)
     if key == "disk_bytes":
         return f"{value / 1e6:.1f} MB"
-    if key in ("ppl",):
-        return f"{value:.3f}"
-    if key in ("ppl_increase_pct", "top1_agreement_pct"):
-        return f"{value:+.2f}" if key == "ppl_increase_pct" else f"{value:.2f}"
-    if key in ("kld_mean", "kld_p99"):
-        return f"{value:.5f}" if value == 0 or abs(value) >= 1e-3 else f"{value:.2e}"
-    if key == "weight_bits":
-        return f"{value:g}"
+    if key in ("weight_bits", "file_bpw"):
+        return f"{round(float(value), 2):g}"
     if key == "quantize_s":
-        return f"{value:.1f}"
-    if key == "peak_memory_bytes":
-        return f"{value / 1e9:.2f} GB" if value >= 1e9 else f"{value / 1e6:.1f} MB"
-    if key in ("prefill_tok_s", "decode_tok_s"):
-        return f"{value:.1f}"
-    if key == "decode_speed_ratio":
-        return f"{value:.2f}×"
-    if key == "cost_per_mtok_usd":
-        return f"${value:.4g}"
-    if key == "task_recovery_pct":
         return f"{value:.1f}"
     return str(value)

@@ -1,28 +1,35 @@
-"""Runtimes: how an artifact (or the baseline) is loaded and scored.
+"""Runtimes: how a model (the baseline, an artifact) is loaded, scored and timed.
 
-A runtime needs little more than ``log_probs(ids) -> [B, L, vocab]`` and ``close()``;
-evaluators never see a backend. Runtimes are named by the artifact's ``runtime`` field.
+Each implements ``quantkit.runtimes.base.Runtime`` and is registered by name in
+``RUNTIMES``; artifacts name theirs in their ``runtime`` field.
 """
 
 from __future__ import annotations
 
-import importlib
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
-from quantkit.errors import QuantkitError
+from quantkit.errors import UserInputError
+from quantkit.registry import Registry
 
-RUNTIMES: dict[str, str] = {
-    "hf": "quantkit.runtimes.hf:HFRuntime",
-    "llamacpp": "quantkit.runtimes.llamacpp:LlamaCppRuntime",
-}
+if TYPE_CHECKING:
+    from quantkit.runtimes.base import Runtime, RuntimeClass, RuntimeSettings
+
+RUNTIMES: Registry[RuntimeClass] = Registry(
+    "runtime",
+    {
+        "hf": "quantkit.runtimes.hf:HFRuntime",
+        "llamacpp": "quantkit.runtimes.llamacpp:LlamaCppRuntime",
+    },
+    UserInputError,
+)
 
 
-def open_runtime(kind: str, path: Path, device: str, **options: Any) -> Any:
-    """Load ``path`` in the runtime registered as ``kind`` (options: context_length, ...)."""
-    target = RUNTIMES.get(kind)
-    if target is None:
-        raise QuantkitError(f"no runtime '{kind}' to run this artifact", "choices: " + ", ".join(RUNTIMES))
-    module_name, _, class_name = target.partition(":")
-    runtime_cls = getattr(importlib.import_module(module_name), class_name)
-    return runtime_cls(path, device, **options)
+def runtime_class(kind: str) -> RuntimeClass:
+    """The runtime class registered as ``kind``."""
+    return RUNTIMES.get(kind)
+
+
+def open_runtime(kind: str, path: Path, settings: RuntimeSettings) -> Runtime:
+    """Load ``path`` in the runtime registered as ``kind``."""
+    return runtime_class(kind).load(path, settings)

@@ -1,43 +1,140 @@
-"""The transformers runtime: loads an HF folder (plain or compressed-tensors) and scores ids."""
+"""The transformers runtime: an HF folder (plain or compressed-tensors), scored and timed."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, ClassVar
+
+from quantkit.runtimes.base import (
+    DeviceMemory,
+    Generation,
+    LmEvalModel,
+    Runtime,
+    RuntimeSettings,
+    ScoreRequest,
+    Scores,
+)
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+    from typing_extensions import Self
+
+    from quantkit.jsontypes import JsonDict
 
 
-def torch_dtype_for(device: str) -> Any:
-    """Compute dtype: fp32 on the CPU (exact, and fast there), bf16 on CUDA."""
-    import torch
+class HFRuntime(Runtime):
+    """A causal LM loaded with transformers in the baseline's precision for the device."""
 
-    return torch.float32 if device == "cpu" else torch.bfloat16
+    name: ClassVar[str] = "transformers"
+    scores_any_token: ClassVar[bool] = True
+    batched_generation: ClassVar[bool] = True
+    libraries: ClassVar[tuple[str, ...]] = ("torch", "transformers")
 
+    def __init__(self, model: PreTrainedModel, path: Path, settings: RuntimeSettings) -> None:
+        self.model = model
+        self.path = path
+        self.settings = settings
+        self._tokenizer: PreTrainedTokenizerBase | None = None
 
-class HFRuntime:
-    """A causal LM loaded with transformers; ``log_probs`` returns next-token log-probs."""
-
-    name = "transformers"
-
-    def __init__(self, path: Path, device: str, trust_remote_code: bool = False, **_: Any) -> None:
+    @classmethod
+    def load(cls, path: Path, settings: RuntimeSettings) -> Self:
         from transformers import AutoModelForCausalLM
 
-        self.device = device
-        model: Any = AutoModelForCausalLM.from_pretrained(
-            path, dtype=torch_dtype_for(device), trust_remote_code=trust_remote_code
-        )
-        self.model: Any = model.to(device)
-        self.model.eval()
+        from quantkit.device import compute_dtype
 
-    def log_probs(self, ids: Any) -> Any:
-        """Float32 log-softmax over the vocabulary for each position of ``ids`` [B, L]."""
+        model: PreTrainedModel = AutoModelForCausalLM.from_pretrained(
+            path, dtype=compute_dtype(settings.device), trust_remote_code=settings.trust_remote_code
+        )
+        model = model.to(settings.device)  # type: ignore[arg-type]  # transformers' stub wraps .to
+        model.eval()
+        return cls(model, path, settings)
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.model.config.vocab_size)
+
+    @property
+    def tokenizer(self) -> PreTrainedTokenizerBase:
+        if self._tokenizer is None:
+            from transformers import AutoTokenizer
+
+            self._tokenizer = AutoTokenizer.from_pretrained(
+                self.path, trust_remote_code=self.settings.trust_remote_code
+            )
+        return self._tokenizer
+
+    @property
+    def bos_token_id(self) -> int | None:
+        token = self.tokenizer.bos_token_id
+        return None if token is None else int(token)
+
+    def tokenize(self, text: str) -> list[int]:
+        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    def score(self, request: ScoreRequest) -> Scores:
         import torch
 
+        from quantkit.runtimes.base import scores_from_log_probs
+
+        ids = torch.as_tensor(request.ids, dtype=torch.long).to(self.settings.device)
         with torch.inference_mode():
-            logits = self.model(input_ids=ids.to(self.device)).logits
-        return torch.log_softmax(logits.float(), dim=-1)
+            logits = self.model(input_ids=ids).logits
+            log_probs = torch.log_softmax(logits.float(), dim=-1).cpu()
+        return scores_from_log_probs(log_probs, request)
+
+    def _sync(self) -> None:
+        if self.settings.device == "cuda":
+            import torch
+
+            torch.cuda.synchronize()
+
+    def generate(self, prompts: list[list[int]], new_tokens: int) -> Generation:
+        """Greedy decoding with the KV cache, as a server would (only the last logits kept)."""
+        import torch
+
+        ids = torch.tensor(prompts, device=self.settings.device)
+        with torch.inference_mode():
+            self._sync()
+            start = time.perf_counter()
+            out = self.model(input_ids=ids, use_cache=True, logits_to_keep=1)
+            token = out.logits[:, -1].argmax(-1, keepdim=True)
+            self._sync()
+            first = time.perf_counter() - start
+            past = out.past_key_values
+            for _ in range(new_tokens - 1):
+                out = self.model(input_ids=token, past_key_values=past, use_cache=True)
+                past = out.past_key_values
+                token = out.logits[:, -1].argmax(-1, keepdim=True)
+            self._sync()
+            return Generation(first, time.perf_counter() - start)
+
+    def device_memory(self) -> DeviceMemory | None:
+        if self.settings.device != "cuda":
+            return None
+        import torch
+
+        return DeviceMemory(
+            allocated_bytes=int(torch.cuda.memory_allocated()),
+            peak_allocated_bytes=int(torch.cuda.max_memory_allocated()),
+            peak_reserved_bytes=int(torch.cuda.max_memory_reserved()),
+        )
 
     def close(self) -> None:
         import gc
 
         del self.model
         gc.collect()
+
+    @classmethod
+    def lm_eval_model(cls, path: Path, settings: RuntimeSettings) -> LmEvalModel:
+        """lm-eval's own ``hf`` model (batched, the reference implementation users know)."""
+        from quantkit.device import baseline_dtype
+
+        args: JsonDict = {
+            "pretrained": str(path),
+            "dtype": baseline_dtype(settings.device),
+            "device": settings.device,
+            "trust_remote_code": settings.trust_remote_code,
+        }
+        return "hf", args

@@ -3,10 +3,16 @@
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, ClassVar
 
 from quantkit.errors import ArtifactError, BackendError
+from quantkit.runtimes.base import DeviceMemory, Generation, Runtime, RuntimeSettings, ScoreRequest, Scores
+
+if TYPE_CHECKING:
+    from llama_cpp import Llama
+    from typing_extensions import Self
 
 _DAMAGED_HINT = "the file is truncated or damaged: copy it again or re-run quantize"
 
@@ -47,48 +53,82 @@ def gguf_file(path: Path) -> Path:
     return candidates[0]
 
 
-class LlamaCppRuntime:
-    """A GGUF model loaded in-process by llama-cpp-python with logits for every position."""
+class LlamaCppRuntime(Runtime):
+    """A GGUF model loaded in-process by llama-cpp-python (logits of every position kept for
+    scoring; only the last for generation)."""
 
-    name = "llama.cpp"
+    name: ClassVar[str] = "llama.cpp"
+    scores_any_token: ClassVar[bool] = True
+    batched_generation: ClassVar[bool] = False
+    libraries: ClassVar[tuple[str, ...]] = ("llama_cpp",)
 
-    def __init__(
-        self,
-        path: Path,
-        device: str,
-        trust_remote_code: bool = False,
-        context_length: int = 2048,
-        threads: int | None = None,
-        logits_all: bool = True,
-    ) -> None:
+    def __init__(self, model: Llama, settings: RuntimeSettings) -> None:
+        self.model = model
+        self.settings = settings
+
+    @classmethod
+    def load(cls, path: Path, settings: RuntimeSettings) -> Self:
         from llama_cpp import Llama, llama_supports_gpu_offload
 
         from quantkit.progress import native_stderr_captured
 
+        context = settings.context_length
         with native_stderr_captured(verbose=False):  # llama.cpp prints its load log natively
-            self.model = Llama(
+            model = Llama(
                 model_path=str(gguf_file(path)),
-                n_ctx=context_length,
-                n_batch=context_length,
-                n_ubatch=context_length,
-                logits_all=logits_all,
-                n_threads=threads or os.cpu_count() or 1,
-                n_gpu_layers=-1 if device == "cuda" and llama_supports_gpu_offload() else 0,
+                n_ctx=context,
+                n_batch=context,
+                n_ubatch=context,
+                logits_all=settings.scoring,
+                n_threads=settings.threads or os.cpu_count() or 1,
+                n_gpu_layers=-1 if settings.device == "cuda" and llama_supports_gpu_offload() else 0,
                 verbose=False,
             )
+        return cls(model, settings)
 
-    def log_probs(self, ids: Any) -> Any:
-        """Float32 log-softmax over the vocabulary for each position of ``ids`` [B, L]."""
+    @property
+    def vocab_size(self) -> int:
+        return int(self.model.n_vocab())
+
+    @property
+    def bos_token_id(self) -> int | None:
+        token = int(self.model.token_bos())
+        return None if token < 0 else token
+
+    def tokenize(self, text: str) -> list[int]:
+        return list(self.model.tokenize(text.encode("utf-8"), add_bos=False, special=False))
+
+    def score(self, request: ScoreRequest) -> Scores:
         import numpy as np
         import torch
 
+        from quantkit.runtimes.base import scores_from_log_probs
+
         rows = []
-        for row in ids.tolist():
+        for row in request.ids.tolist():
             self.model.reset()
             self.model.eval(row)
-            logits = np.array(self.model.scores[: len(row)], dtype=np.float32)
-            rows.append(torch.from_numpy(logits))
-        return torch.log_softmax(torch.stack(rows), dim=-1)
+            rows.append(torch.from_numpy(np.array(self.model.scores[: len(row)], dtype=np.float32)))
+        return scores_from_log_probs(torch.log_softmax(torch.stack(rows), dim=-1), request)
+
+    def generate(self, prompts: list[list[int]], new_tokens: int) -> Generation:
+        import numpy as np
+
+        if len(prompts) != 1:
+            raise BackendError("the llama.cpp runtime generates one sequence at a time", "use batch 1")
+        llm = self.model
+        llm.reset()
+        start = time.perf_counter()
+        llm.eval(prompts[0])
+        token = int(np.argmax(llm.scores[llm.n_tokens - 1]))
+        first = time.perf_counter() - start
+        for _ in range(new_tokens - 1):
+            llm.eval([token])
+            token = int(np.argmax(llm.scores[llm.n_tokens - 1]))
+        return Generation(first, time.perf_counter() - start)
+
+    def device_memory(self) -> DeviceMemory | None:
+        return None  # llama.cpp's CUDA buffers are not visible to torch's allocator
 
     def close(self) -> None:
         self.model.close()

@@ -63,7 +63,8 @@ def test_quantize_writes_a_complete_run(finished_run: Path, tiny_model: Path) ->
     assert (finished_run / "artifact" / "quantkit-recipe.yaml").is_file()
     config = json.loads((finished_run / "artifact" / "config.json").read_text())
     assert config["quantization_config"]["quant_method"] == "compressed-tensors"
-    assert not list(finished_run.parent.glob(".run-a.partial-*"))
+    assert not (finished_run.parent / ".run-a.partial").exists()
+    assert sorted(p.name for p in finished_run.parent.iterdir() if p.name.startswith(".")) == []
 
 
 def test_source_model_is_untouched(tiny_model: Path, tmp_path: Path, tiny_recipe: Path, capsys) -> None:
@@ -136,9 +137,12 @@ def test_report_over_two_runs(finished_run: Path, tiny_recipe: Path, tmp_path: P
     table = md.read_text()
     assert table.count("\n| ") == 4  # header + baseline + two runs
     data = json.loads(js.read_text())
-    assert [row["name"] for row in data["rows"]] == ["baseline", "tiny-fp8", "tiny-fp8"]
+    # runs are named by what they are: an option override is part of the name; ids are shown
+    assert [row["name"] for row in data["rows"]] == ["baseline", "tiny-fp8", "tiny-fp8 [scheme=FP8_BLOCK]"]
+    assert [row["run_id"] for row in data["rows"]] == [None, "run-a", "b"]
+    assert "tiny-fp8 [scheme=FP8_BLOCK]" in out and "run-a" in out
     assert data["rows"][0]["kld_mean"] == 0.0 and data["rows"][1]["kld_mean"] > 0
-    assert data["schema_version"] == 1
+    assert data["schema_version"] == 2 and len(data["groups"]) == 1
 
 
 def test_report_refuses_unknown_extension(finished_run: Path, tmp_path: Path, capsys) -> None:

@@ -190,7 +190,7 @@ def test_junit_and_markdown_over_two_runs_one_failing(
     assert text.startswith("## quantkit gate: failed")
     rows = [line for line in text.splitlines() if line.startswith("| `")]
     assert len(rows) == 4
-    assert any(f"`{run_b}` | `kld_mean` | 5 | ≤ 1 |" in row and "FAIL" in row for row in rows)
+    assert any(f"`{run_b}` | `kld_mean` | 5 nats | ≤ 1 nats |" in row and "FAIL" in row for row in rows)
     assert not list(tmp_path.glob(".gate.*.tmp"))  # written atomically, nothing left behind
 
     code, out, _ = run_cli(capsys, "gate", run_a, run_b, "--format", "json")

@@ -75,9 +75,13 @@ def test_eval_command_on_a_stored_run(tmp_path: Path, tiny_recipe: Path, capsys)
 
 def test_recovery_inverts_lower_is_better_metrics() -> None:
     from quantkit.evals.lm_eval_runner import recovery
+    from quantkit.manifest import TaskResult
 
-    base = {"a": {"value": 0.5, "higher_is_better": True}, "p": {"value": 10.0, "higher_is_better": False}}
-    quant = {"a": {"value": 0.4, "higher_is_better": True}, "p": {"value": 12.5, "higher_is_better": False}}
+    def task(value: float, higher: bool) -> TaskResult:
+        return TaskResult(metric="m", value=value, stderr=None, higher_is_better=higher)
+
+    base = {"a": task(0.5, True), "p": task(10.0, False)}
+    quant = {"a": task(0.4, True), "p": task(12.5, False)}
     assert recovery(base, quant) == {"a": pytest.approx(80.0), "p": pytest.approx(80.0)}
 
 
@@ -94,10 +98,10 @@ def test_each_lm_eval_entry_is_a_stage_a_resume_keeps(
     )
     real = lm_eval_runner.evaluate
 
-    def interrupted_on_the_second(runtime, model_path, spec, *args):
+    def interrupted_on_the_second(model, spec, *args):
         if spec.limit == 8:
             raise KeyboardInterrupt
-        return real(runtime, model_path, spec, *args)
+        return real(model, spec, *args)
 
     out = tmp_path / "run"
     monkeypatch.setattr(lm_eval_runner, "evaluate", interrupted_on_the_second)

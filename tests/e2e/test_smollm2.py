@@ -63,7 +63,7 @@ def test_baseline_perplexity_matches_transformers_loss(fp8_run: Path, smollm2: P
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from quantkit.calibration import eval_windows
-    from quantkit.recipe import EvalSpec
+    from quantkit.specs import EvalSpec
 
     tokenizer = AutoTokenizer.from_pretrained(smollm2)
     windows = eval_windows(EvalSpec(num_windows=8, seq_len=256), tokenizer)

@@ -8,7 +8,7 @@ import pytest
 
 from quantkit.calibration import calibration_windows, eval_windows, hash_ids, load_texts
 from quantkit.errors import CalibrationError
-from quantkit.recipe import CalibrationSpec, EvalSpec, TextSource
+from quantkit.specs import CalibrationSpec, EvalSpec, TextSource
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,6 @@ import pytest
 from quantkit.errors import RecipeError, RunNotFoundError
 from quantkit.gate import (
     GATE_FIELDS,
-    RELATIVE,
     Check,
     GateResult,
     evaluate_gate,
@@ -21,7 +20,9 @@ from quantkit.gate import (
     to_junit,
     to_markdown,
 )
-from quantkit.recipe import GateSpec
+from quantkit.metrics import metric_info
+from quantkit.specs import GateSpec
+from quantkit.window_scores import WindowScores
 
 
 def test_all_hold() -> None:
@@ -86,9 +87,12 @@ def test_missing_benchmark_metric_fails_naming_it() -> None:
     assert "decode_speed_ratio: missing" in result.failures[0].describe()
 
 
-def test_every_gate_field_is_documented_as_relative_or_absolute() -> None:
-    assert {metric for metric, _ in GATE_FIELDS.values()} <= set(RELATIVE)
+def test_every_gate_field_bounds_a_registered_metric_in_its_direction() -> None:
+    for field, (metric, kind) in GATE_FIELDS.items():
+        info = metric_info(metric)  # unit, direction and relative/absolute come from the registry
+        assert kind == ("min" if info.higher_is_better else "max") == field[:3], field
     assert set(GATE_FIELDS) == {name for name in GateSpec.model_fields if name.startswith(("max_", "min_"))}
+    assert metric_info("ppl_increase_pct").relative and not metric_info("kld_mean").relative
 
 
 def test_options_alone_are_an_empty_gate() -> None:
@@ -180,6 +184,10 @@ def _windows(shift: float, kld: float = 0.01, n: int = 20, spread: float = 0.002
     }
 
 
+def typed(windows: dict[str, Any]) -> WindowScores:
+    return WindowScores.model_validate(windows)
+
+
 def _metrics(windows: dict[str, Any]) -> dict[str, float]:
     base, quant = windows["baseline"]["nll_mean"], windows["quantized"]["nll_mean"]
     ppl_b, ppl_q = math.exp(sum(base) / len(base)), math.exp(sum(quant) / len(quant))
@@ -193,23 +201,25 @@ def _metrics(windows: dict[str, Any]) -> dict[str, float]:
 
 def test_intervals_are_recorded_without_changing_point_verdicts() -> None:
     windows = _windows(shift=0.01)
-    result = evaluate_gate(GateSpec(max_kld=0.0101, max_ppl_increase_pct=0.9), _metrics(windows), windows)
+    result = evaluate_gate(
+        GateSpec(max_kld=0.0101, max_ppl_increase_pct=0.9), _metrics(windows), typed(windows)
+    )
     by_metric = {check.metric: check for check in result.checks}
     low, high = by_metric["ppl_increase_pct"].interval or [0, 0]
     assert low < by_metric["ppl_increase_pct"].value < high  # type: ignore[operator]
     assert by_metric["ppl_increase_pct"].verdict == "fail"  # point value 1.0% > 0.9%, not required
-    assert result.significance is not None and result.significance["windows"] == 20
+    assert result.significance is not None and result.significance.windows == 20
 
 
 def test_significance_clear_pass_clear_fail_and_inconclusive() -> None:
     windows = _windows(shift=0.01)  # ~ +1.0% perplexity, interval roughly [0.9, 1.1]
     metrics = _metrics(windows)
-    interval = evaluate_gate(GateSpec(max_ppl_increase_pct=0), metrics, windows).checks[0].interval
+    interval = evaluate_gate(GateSpec(max_ppl_increase_pct=0), metrics, typed(windows)).checks[0].interval
     assert interval is not None and 0.5 < interval[0] < 1.005 < interval[1] < 1.5
 
     def verdict(threshold: float, strict: bool = False) -> tuple[str, bool]:
         spec = GateSpec(max_ppl_increase_pct=threshold, require_significance=True, strict_inconclusive=strict)
-        check = evaluate_gate(spec, metrics, windows).checks[0]
+        check = evaluate_gate(spec, metrics, typed(windows)).checks[0]
         return check.verdict, check.passed
 
     assert verdict(2.0) == ("pass", True)
@@ -224,7 +234,7 @@ def test_significance_on_min_checks() -> None:
 
     def verdict(threshold: float) -> str:
         spec = GateSpec(min_top1_pct=threshold, require_significance=True)
-        return evaluate_gate(spec, metrics, windows).checks[0].verdict
+        return evaluate_gate(spec, metrics, typed(windows)).checks[0].verdict
 
     assert verdict(80) == "pass" and verdict(95) == "fail" and verdict(90.0) == "inconclusive"
 
@@ -232,7 +242,7 @@ def test_significance_on_min_checks() -> None:
 def test_checks_without_an_interval_use_the_point_value() -> None:
     windows = _windows(shift=0.0)
     spec = GateSpec(max_kld_p99=0.1, min_decode_speed_ratio=1.0, require_significance=True)
-    result = evaluate_gate(spec, {"kld_p99": 0.2, "decode_speed_ratio": 1.1}, windows)
+    result = evaluate_gate(spec, {"kld_p99": 0.2, "decode_speed_ratio": 1.1}, typed(windows))
     assert [(c.metric, c.verdict, c.interval) for c in result.checks] == [
         ("kld_p99", "fail", None),
         ("decode_speed_ratio", "pass", None),
@@ -247,7 +257,9 @@ def test_required_significance_without_windows_is_noted() -> None:
 
 def test_too_few_windows_are_noted_not_fatal() -> None:
     windows = _windows(shift=0.0, n=1)
-    result = evaluate_gate(GateSpec(max_kld=1.0, require_significance=True), _metrics(windows), windows)
+    result = evaluate_gate(
+        GateSpec(max_kld=1.0, require_significance=True), _metrics(windows), typed(windows)
+    )
     assert result.passed and any("at least 2 windows" in note for note in result.notes)
 
 
@@ -268,7 +280,7 @@ def test_load_windows(tmp_path: Path) -> None:
 def _two_results() -> list[tuple[str, GateResult]]:
     windows = _windows(shift=0.01)
     metrics = _metrics(windows)
-    good = evaluate_gate(GateSpec(max_kld=1.0, max_ppl_increase_pct=5), metrics, windows)
+    good = evaluate_gate(GateSpec(max_kld=1.0, max_ppl_increase_pct=5), metrics, typed(windows))
     bad = evaluate_gate(GateSpec(max_kld=0.001, min_decode_speed_ratio=1.0, min_top1_pct=10), metrics)
     return [("runs/good", good), ("runs/a|b", bad)]
 
@@ -296,5 +308,5 @@ def test_markdown_table() -> None:
     assert len(rows) == 5
     assert "| run | metric | value | threshold | interval | verdict |" in text
     assert "`runs/a\\|b`" in text  # pipes escaped
-    assert "❌ FAIL (missing)" in text and "≤ +5%" in text
+    assert "❌ FAIL (missing)" in text and "≤ +5.00%" in text  # the metric registry's format
     assert "95% bootstrap intervals over 20 eval windows" in text

@@ -1,0 +1,161 @@
+"""The Runtime protocol: how a model (baseline or artifact) is loaded, scored, timed and closed.
+
+The scoring contract is one a top-k-only runtime can meet (vLLM's prompt log-probs, an
+OpenAI-compatible endpoint): per predicted position the runtime returns the log-prob of the
+actual next token and its own ``top_k`` most likely tokens with their log-probs. A runtime
+that holds the full distribution (transformers, llama.cpp) sets ``scores_any_token`` and
+also returns the log-probs of ids it is asked about (the reference's top-k), which makes
+quantkit's KLD estimate exactly the top-k + residual-mass estimator; a top-k-only runtime's
+log-probs for the reference's ids are estimated from its own top-k
+(``quantkit.evals.quality``; docs/evaluation.md states the estimator and its error).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, ClassVar, Protocol, TypeAlias
+
+if TYPE_CHECKING:
+    import numpy as np
+    import torch
+    from typing_extensions import Self
+
+    from quantkit.jsontypes import JsonDict
+
+
+@dataclass(frozen=True)
+class RuntimeSettings:
+    """How to load a model: device, context, threads, and whether it is for scoring (all
+    positions' logits kept) or for generation only (benchmarks)."""
+
+    device: str
+    context_length: int = 2048
+    threads: int | None = None
+    trust_remote_code: bool = False
+    scoring: bool = True
+
+
+@dataclass(frozen=True)
+class ScoreRequest:
+    """Token windows to score: ``ids`` [B, L]; predictions are for positions 1..L-1."""
+
+    ids: np.ndarray
+    top_k: int = 1
+    reference_ids: np.ndarray | None = None  # [B, L-1, k]; only for runtimes with scores_any_token
+
+
+@dataclass
+class Scores:
+    """Per window and predicted position (``L - 1`` of them)."""
+
+    target_logprobs: np.ndarray  # float [B, L-1]: log q(actual next token)
+    topk_ids: np.ndarray  # int [B, L-1, k]: the runtime's own most likely ids, descending
+    topk_logprobs: np.ndarray  # float [B, L-1, k]
+    rest_logmass: np.ndarray | None = None  # float [B, L-1]: log(1 - Σ top-k q), when known
+    reference_logprobs: np.ndarray | None = None  # float [B, L-1, k_ref]: log q of the asked ids
+    reference_rest_logmass: np.ndarray | None = None  # float [B, L-1]: log(1 - Σ q of asked ids)
+
+    def residual_logmass(self) -> np.ndarray:
+        """log of the probability outside the own top-k: exact when the runtime gave it,
+        else ``log(1 - Σ top-k q)`` (floored at 1e-30)."""
+        import numpy as np
+
+        if self.rest_logmass is not None:
+            return self.rest_logmass.astype(np.float64)
+        mass = np.exp(self.topk_logprobs.astype(np.float64)).sum(-1)
+        return np.log(np.clip(1.0 - mass, 1e-30, None))
+
+
+@dataclass(frozen=True)
+class Generation:
+    """One timed greedy generation: seconds to the first token and in total."""
+
+    first_token_s: float
+    total_s: float
+
+
+@dataclass(frozen=True)
+class DeviceMemory:
+    """Accelerator memory of this process (CUDA): allocated now, and the peaks so far."""
+
+    allocated_bytes: int
+    peak_allocated_bytes: int
+    peak_reserved_bytes: int
+
+
+LmEvalModel: TypeAlias = "tuple[str | object, JsonDict | None]"
+"""What ``lm_eval.simple_evaluate`` takes: a registered model name with its ``model_args``, or
+an ``lm_eval.api.model.LM`` instance (then ``None``)."""
+
+
+class Runtime(Protocol):
+    """A loaded model. Implementations register in ``quantkit.runtimes.RUNTIMES``."""
+
+    name: ClassVar[str]  # shown in reports, e.g. "transformers"
+    scores_any_token: ClassVar[bool]  # can return log-probs of arbitrary ids (full distribution)
+    batched_generation: ClassVar[bool]  # generate() takes several prompts at once
+    libraries: ClassVar[tuple[str, ...]]  # modules it imports to run (benchmarks import them first)
+
+    @classmethod
+    def load(cls, path: Path, settings: RuntimeSettings) -> Self:
+        """Load the model at ``path`` (a folder, or a file for single-file formats)."""
+        ...
+
+    @property
+    def vocab_size(self) -> int: ...
+
+    @property
+    def bos_token_id(self) -> int | None: ...
+
+    def tokenize(self, text: str) -> list[int]:
+        """Token ids of ``text`` without special tokens (lm-eval requests)."""
+        ...
+
+    def score(self, request: ScoreRequest) -> Scores: ...
+
+    def generate(self, prompts: list[list[int]], new_tokens: int) -> Generation:
+        """Greedy decoding with the KV cache, timed: the first token, then ``new_tokens - 1``."""
+        ...
+
+    def device_memory(self) -> DeviceMemory | None:
+        """Peak accelerator memory so far, when the runtime can tell (None on the CPU)."""
+        ...
+
+    def close(self) -> None: ...
+
+    @classmethod
+    def lm_eval_model(cls, path: Path, settings: RuntimeSettings) -> LmEvalModel:
+        """How lm-eval runs this model: by default through ``RuntimeLM`` over this runtime."""
+        from quantkit.evals.lm_eval_runtime import RuntimeLM
+
+        return RuntimeLM(cls.load(path, settings), settings.context_length), None
+
+
+RuntimeClass: TypeAlias = "type[Runtime]"
+
+
+def scores_from_log_probs(log_probs: torch.Tensor, request: ScoreRequest) -> Scores:
+    """Scores from full-vocabulary log-probs ``[B, L, V]``, for the runtimes that hold the
+    whole distribution. Residual masses are exact (logsumexp of the rest)."""
+    import torch
+
+    lp = log_probs[:, :-1].float()
+    ids = torch.as_tensor(request.ids, dtype=torch.long)
+    target = lp.gather(-1, ids[:, 1:, None]).squeeze(-1)
+    values, indices = lp.topk(request.top_k, dim=-1)
+    if request.top_k == 1:
+        rest = torch.log1p(-values[..., 0].exp().clamp(max=1.0 - 1e-7))
+    else:
+        rest = torch.logsumexp(lp.scatter(-1, indices, float("-inf")), dim=-1)
+    scores = Scores(
+        target_logprobs=target.numpy(),
+        topk_ids=indices.to(torch.int32).numpy(),
+        topk_logprobs=values.numpy(),
+        rest_logmass=rest.numpy(),
+    )
+    if request.reference_ids is not None:
+        asked = torch.as_tensor(request.reference_ids, dtype=torch.long)
+        scores.reference_logprobs = lp.gather(-1, asked).numpy()
+        scores.reference_rest_logmass = torch.logsumexp(lp.scatter(-1, asked, float("-inf")), dim=-1).numpy()
+    return scores

@@ -1,0 +1,110 @@
+"""The sections of a recipe (text sources, eval, gates, bench, lm-eval): strict pydantic models.
+
+They import nothing else of quantkit, so backends, runtimes and stages can use them without
+pulling in recipe loading.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class StrictModel(BaseModel):
+    """Base for every recipe section: unknown fields are errors."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+class TextSource(StrictModel):
+    """Where text comes from: ``builtin``, a local ``.txt``/``.jsonl`` file, or ``hf:<dataset>``."""
+
+    source: str = "builtin"
+    text_field: str = Field("text", description="field holding the text in .jsonl / HF datasets")
+    split: str = Field("train", description="HF dataset split")
+    subset: str | None = Field(None, description="HF dataset configuration name")
+
+
+class CalibrationSpec(TextSource):
+    """Calibration tokens: ``num_samples`` windows of ``seq_len`` tokens, sampled with ``seed``."""
+
+    num_samples: int = Field(32, ge=1, le=100_000)
+    seq_len: int = Field(256, ge=8, le=131_072)
+    seed: int = 0
+    chat_template: bool = Field(False, description="render each document as a user turn of the chat template")
+
+
+class EvalSpec(TextSource):
+    """Evaluation windows: the first ``num_windows`` windows of ``seq_len`` tokens of the text."""
+
+    num_windows: int = Field(24, ge=1, le=100_000)
+    seq_len: int = Field(512, ge=8, le=131_072)
+    top_k: int = Field(32, ge=1, le=1024, description="baseline log-probs kept per position for KLD")
+    batch_size: int = Field(4, ge=1, le=1024)
+    runtime: str | None = Field(
+        None, description="score the artifact in this runtime (default: the artifact's own)"
+    )
+
+
+class GateSpec(StrictModel):
+    """Thresholds a run must meet (``max_*``/``min_*``; a missing metric fails its check) plus
+    the significance options. Relative to the baseline: ``max_ppl_increase_pct``,
+    ``min_top1_pct``, ``min_task_recovery_pct`` and the ``*_ratio`` fields; absolute:
+    ``max_kld``, ``max_kld_p99`` (nats) and ``max_peak_memory_bytes``."""
+
+    max_kld: float | None = Field(None, ge=0, description="max mean KL-divergence (nats)")
+    max_kld_p99: float | None = Field(None, ge=0, description="max 99th-percentile KLD (nats)")
+    max_ppl_increase_pct: float | None = Field(None, description="max perplexity increase, %")
+    min_top1_pct: float | None = Field(None, ge=0, le=100, description="min top-1 agreement, %")
+    min_task_recovery_pct: float | None = Field(
+        None, ge=0, description="min task score recovered, % of the baseline's"
+    )
+    min_decode_speed_ratio: float | None = Field(None, ge=0, description="min decode speed / baseline's")
+    min_prefill_speed_ratio: float | None = Field(None, ge=0, description="min prefill speed / baseline's")
+    max_peak_memory_bytes: int | None = Field(None, ge=0, description="max peak memory, bytes")
+    max_memory_ratio: float | None = Field(None, ge=0, description="max peak memory / baseline's")
+    require_significance: bool = Field(
+        False, description="judge KLD, ppl and top-1 by bootstrap intervals over the eval windows"
+    )
+    strict_inconclusive: bool = Field(
+        False, description="with require_significance: an interval straddling a threshold fails"
+    )
+    confidence: float = Field(0.95, gt=0, lt=1, description="confidence level of the intervals")
+    bootstrap_samples: int = Field(2000, ge=100, le=1_000_000, description="bootstrap resamples")
+    seed: int = Field(0, description="seed of the bootstrap resampling")
+
+    def is_empty(self) -> bool:
+        """True when no threshold (``max_*``/``min_*``) is set; the options do not count."""
+        return all(
+            getattr(self, name) is None
+            for name in type(self).model_fields
+            if name.startswith(("max_", "min_"))
+        )
+
+
+class BenchSpec(StrictModel):
+    """Speed/memory benchmark settings (a pipeline stage, on by default)."""
+
+    enabled: bool = Field(True, description="measure speed and memory after evaluation")
+    prompt_lengths: list[int] = Field(default_factory=lambda: [128, 512], min_length=1)
+    decode_tokens: int = Field(32, ge=2, le=4096, description="tokens generated per timing")
+    repeats: int = Field(3, ge=1, le=100, description="timings per setting (median reported)")
+    batch_size: int = Field(4, ge=1, le=512, description="batch of the batched decode case (1: skip)")
+    threads: int | None = Field(None, ge=1, description="CPU threads (default: all cores)")
+    price_per_hour: float | None = Field(
+        None, gt=0, description="USD per device-hour, for cost per 1M tokens"
+    )
+
+
+class LmEvalSpec(StrictModel):
+    """lm-evaluation-harness tasks run on the baseline and the artifact."""
+
+    tasks: list[str] = Field(min_length=1, description="lm-eval task names, e.g. quantkit_cloze, arc_easy")
+    num_fewshot: int | None = Field(None, ge=0)
+    limit: int | float | None = Field(None, gt=0, description="documents per task (int) or fraction (float)")
+    batch_size: int = Field(8, ge=1)
+
+
+class EvalEntry(StrictModel):
+    """One entry of ``evals:``."""
+
+    lm_eval: LmEvalSpec

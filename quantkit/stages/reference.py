@@ -1,0 +1,82 @@
+"""The baseline reference: top-k log-probs per eval position, computed once and cached."""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING
+
+from quantkit.stages.base import Stage, StageOutput
+from quantkit.stages.results import ReferenceResult, StageResult
+
+if TYPE_CHECKING:
+    from pydantic import JsonValue
+
+    from quantkit.evals.reference import Reference
+    from quantkit.stages.context import RunContext
+
+
+def reference_key(ctx: RunContext) -> str:
+    from quantkit.evals import reference as ref
+
+    windows = ctx.tokens.eval_windows()
+    return ref.reference_key(ctx.source.fingerprint(), windows, ctx.recipe.eval.top_k, ctx.device)
+
+
+def load_reference(ctx: RunContext) -> Reference:
+    """The cached reference of this run (the reference stage has run)."""
+    from quantkit.errors import QuantkitError
+    from quantkit.evals import reference as ref
+
+    key = ctx.results.require("reference", ReferenceResult).key
+    cached = ref.load_cached(key)
+    if cached is None:
+        raise QuantkitError(f"the baseline reference {key} vanished from the cache", "run the command again")
+    return cached
+
+
+class ReferenceStage(Stage[ReferenceResult]):
+    """Scores the eval windows with the unquantized model (transformers, in the baseline's
+    precision) and caches the compact top-k reference; reused from the cache when present."""
+
+    kind = "reference"
+
+    def parse(self, data: dict[str, JsonValue]) -> ReferenceResult:
+        return ReferenceResult.model_validate(data)
+
+    def run(self, ctx: RunContext) -> StageOutput[ReferenceResult]:
+        from quantkit.evals import reference as ref
+        from quantkit.evals.quality import baseline_metrics
+        from quantkit.runtimes.base import RuntimeSettings
+        from quantkit.runtimes.hf import HFRuntime
+
+        key = reference_key(ctx)
+        cached = ref.load_cached(key)
+        if cached is not None:
+            ctx.reporter.log(f"baseline reference: cached ({key[:12]})")
+            result = ReferenceResult(key=key, cached=True, baseline=baseline_metrics(cached))
+            return StageOutput(result, [ref.cache_path(key)])
+        windows = ctx.tokens.eval_windows()
+        start = time.perf_counter()
+        with ctx.reporter.stage("baseline reference", total=len(windows.ids)) as advance:
+            settings = RuntimeSettings(
+                device=ctx.device,
+                context_length=windows.seq_len,
+                trust_remote_code=ctx.settings.trust_remote_code,
+            )
+            runtime = HFRuntime.load(ctx.source.path, settings)
+            reference = ref.compute(
+                runtime, windows, ctx.recipe.eval.top_k, ctx.recipe.eval.batch_size, key, advance
+            )
+            runtime.close()
+        path = ref.save(reference)
+        result = ReferenceResult(
+            key=key,
+            cached=False,
+            baseline=baseline_metrics(reference),
+            seconds=round(time.perf_counter() - start, 3),
+        )
+        return StageOutput(result, [path])
+
+    def reused(self, ctx: RunContext, result: StageResult) -> None:
+        if isinstance(result, ReferenceResult):
+            ctx.reporter.log(f"baseline reference: cached ({result.key[:12]})")

@@ -1,0 +1,78 @@
+"""The stage results of a finished run, rebuilt from its manifest (schema 1 or 2), so that
+``bench RUN`` and ``eval RUN`` run one stage and finalize the run like ``quantize`` does."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import JsonValue
+
+from quantkit.errors import RunNotFoundError
+from quantkit.manifest import Manifest
+from quantkit.metrics import metric_info
+from quantkit.stages.results import (
+    BenchResult,
+    EvaluateResult,
+    LmEvalResult,
+    QuantizeResult,
+    ReferenceResult,
+    RunResults,
+    StageResult,
+)
+
+
+def _by_stage(values: dict[str, float], stage: str) -> dict[str, float]:
+    return {name: value for name, value in values.items() if metric_info(name).stage == stage}
+
+
+def restore(manifest: Manifest, run_dir: Path) -> tuple[RunResults, dict[str, dict[str, JsonValue]]]:
+    """The run's stage results and their journal entries (completion time, file checksums)."""
+    from quantkit.evals.lm_eval_runner import recovery
+    from quantkit.gate import load_windows
+
+    windows = load_windows(run_dir)
+    if windows is None:
+        raise RunNotFoundError(
+            f"'{run_dir}' has no eval_windows.json (made by an older quantkit)", "run quantize again"
+        )
+    timings = manifest.timings
+    baseline = manifest.metrics.values("baseline")
+    quantized = manifest.metrics.values("quantized")
+    restored: dict[str, StageResult] = {
+        "reference": ReferenceResult(
+            key=manifest.eval.reference_key,
+            cached=manifest.eval.reference_cached,
+            baseline={k: v for k, v in baseline.items() if k in ("ppl", "tokens")},
+            seconds=timings.get("reference_s"),
+        ),
+        "quantize": QuantizeResult(artifact=manifest.artifact, seconds=timings.get("quantize_s")),
+        "evaluate": EvaluateResult(
+            metrics=_by_stage(quantized, "evaluate"),
+            window_scores=windows,
+            runtime=manifest.eval.runtime or manifest.artifact.runtime,
+            seconds=timings.get("eval_s"),
+        ),
+    }
+    for index, section in enumerate(manifest.lm_eval or []):
+        restored[f"lm_eval.{index}"] = LmEvalResult(
+            section=section,
+            recovered=recovery(section.baseline, section.artifact),
+            # schema 1 kept one total: it is shown against the first entry
+            seconds=timings.get("lm_eval_s") if index == 0 else 0.0,
+        )
+    if manifest.bench is not None:
+        restored["bench"] = BenchResult(
+            section=manifest.bench,
+            baseline=_by_stage(baseline, "bench"),
+            artifact=_by_stage(quantized, "bench"),
+            notes=getattr(manifest.bench, "notes", []),
+            seconds=timings.get("bench_s"),
+        )
+    results = RunResults()
+    entries: dict[str, dict[str, JsonValue]] = {}
+    for name, result in restored.items():
+        results.put(name, result)
+        record = manifest.stages.get(name)
+        if record is not None:
+            entries[name] = record.model_dump(mode="json") | {"result": result.model_dump(mode="json")}
+    return results, entries
