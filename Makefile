@@ -1,6 +1,8 @@
 # quantkit: `make demo` and `make test` each set up what they need on a fresh machine.
 PYTHON ?= python3
 VENV ?= .venv
+# Where torch comes from: empty means pip's index (see the comment in the install rule).
+TORCH_INDEX ?=
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.quantkit-installed
 
@@ -8,8 +10,10 @@ STAMP := $(VENV)/.quantkit-installed
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
-	# The CPU build of torch first, so nothing below pulls a multi-GB CUDA build.
-	$(BIN)/pip install --quiet torch==2.13.0
+	# torch first, pinned, so nothing below picks another version. A plain `torch==2.13.0` from
+	# PyPI is the CUDA build on Linux x86_64 (several GB of nvidia-* wheels); for the small CPU
+	# build run `make test TORCH_INDEX=https://download.pytorch.org/whl/cpu`.
+	$(BIN)/pip install --quiet $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX)) torch==2.13.0
 	# llama-cpp-python builds llama.cpp from source (portable: no -march=native); pip caches the wheel.
 	CMAKE_ARGS="-DGGML_NATIVE=OFF -DLLAVA_BUILD=OFF" $(BIN)/pip install --quiet -c constraints.txt -e '.[all,test]'
 	# llama.cpp's HF->GGUF converter, from the sdist of the same llama-cpp-python version.

@@ -118,12 +118,20 @@ def validate_recipe(data: object) -> Recipe:
     except ValidationError as err:
         raise format_validation_error(err, ("options",), backend_cls.options_model) from None
     backend.check_options()
+    _check_runtime(recipe.eval.runtime)
     if backend.requires_calibration() and recipe.calibration is None:
         raise RecipeError(
             f"method '{recipe.method}' with these options needs calibration data, but calibration is null",
             "remove 'calibration: null' (the built-in set is the default) or give a source",
         )
     return recipe.model_copy(update={"options": backend.options.model_dump(mode="json")})
+
+
+def _check_runtime(name: str | None) -> None:
+    from quantkit.runtimes import RUNTIMES
+
+    if name is not None and name not in RUNTIMES:
+        raise RecipeError(f"unknown runtime '{name}' in eval.runtime", did_you_mean(name, RUNTIMES.names()))
 
 
 def option_changes(recipe: Recipe, base: Recipe) -> dict[str, JsonValue]:

@@ -16,6 +16,19 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("QUANTKIT_NO_BENCH", "1")
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """``gpu`` tests run only where torch sees a CUDA device."""
+    gpu = [item for item in items if item.get_closest_marker("gpu")]
+    if not gpu:
+        return
+    import torch
+
+    if not torch.cuda.is_available():
+        skip = pytest.mark.skip(reason="needs a CUDA device (torch.cuda.is_available() is False)")
+        for item in gpu:
+            item.add_marker(skip)
+
+
 @pytest.fixture(scope="session")
 def session_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("quantkit-cache")
@@ -132,3 +145,18 @@ def run_chromium(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]
     result = subprocess.run(command, capture_output=True, text=True, timeout=240)
     assert result.returncode == 0, result.stderr[-2000:]
     return result
+
+
+def require_extra(module: str, extra: str) -> None:
+    """Import ``module`` or fail: in ``make test`` every extra is installed, so a missing one is a
+    broken setup, not a reason for its coverage to vanish. ``QUANTKIT_ALLOW_MISSING_EXTRAS=1``
+    turns the failure into a skip for partial installs (e.g. ``pip install quantkit[gptq]``)."""
+    import importlib
+
+    try:
+        importlib.import_module(module)
+    except ImportError as err:
+        message = f"{module} is missing ({err}); install quantkit[{extra}] (make test installs it)"
+        if os.environ.get("QUANTKIT_ALLOW_MISSING_EXTRAS") == "1":
+            pytest.skip(message, allow_module_level=True)
+        pytest.fail(message, pytrace=False)

@@ -59,7 +59,7 @@ def compute(
         if tensor is None or gguf_tensors.get(tensor) != module.in_features:
             continue
 
-        def hook(_module: Any, inputs: tuple[Any, ...], tensor: str = tensor) -> None:
+        def hook(_module: torch.nn.Module, inputs: tuple[torch.Tensor, ...], tensor: str = tensor) -> None:
             x = inputs[0].detach().float().reshape(-1, inputs[0].shape[-1])
             squares = (x * x).sum(0)
             sums[tensor] = squares if tensor not in sums else sums[tensor] + squares

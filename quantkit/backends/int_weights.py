@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Literal, TypeVar
+from typing import TYPE_CHECKING, Literal, TypeVar
 
 from pydantic import Field, JsonValue, field_validator
 
 from quantkit.backends.base import Artifact, Backend, BackendOptions, QuantizeJob
 from quantkit.errors import RecipeError
+
+if TYPE_CHECKING:
+    from quantkit.backends.llmcompressor_run import OneshotRecipe
 
 
 class IntWeightOptions(BackendOptions):
@@ -92,7 +95,7 @@ class IntWeightBackend(Backend[IntOptionsT]):
     def describe(self) -> tuple[str, float]:
         return self.options.scheme_name(), self.options.effective_bits()
 
-    def _run(self, job: QuantizeJob, recipe: object, calibrated: bool) -> Artifact:
+    def _run(self, job: QuantizeJob, recipe: OneshotRecipe, calibrated: bool) -> Artifact:
         from quantkit.backends.llmcompressor_run import run_oneshot
 
         details = run_oneshot(job, recipe, job.calibration if calibrated else None)

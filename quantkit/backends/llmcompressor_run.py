@@ -2,24 +2,30 @@
 
 from __future__ import annotations
 
-import ast
 import re
 from collections.abc import Iterator
-from contextlib import contextmanager, suppress
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 from quantkit.errors import BackendError, MissingDependencyError
 from quantkit.faults import failpoint
 
 if TYPE_CHECKING:
+    import torch
+    from datasets import Dataset
+    from llmcompressor.modifiers import Modifier
+    from pydantic import JsonValue
+
     from quantkit.backends.base import QuantizeJob
     from quantkit.calibration import TokenWindows
 
+    OneshotRecipe = Modifier | list[Modifier]
 
-_LAYER = re.compile(r"\blayers\.(\d+)\.")
+
+_LAYER = re.compile(r"\blayers\.(\d+)(?:\.|$)")
 
 
-def _calibration_dataset(windows: TokenWindows) -> Any:
+def _calibration_dataset(windows: TokenWindows) -> Dataset:
     from datasets import Dataset
 
     ids = [list(map(int, row)) for row in windows.ids]
@@ -27,62 +33,81 @@ def _calibration_dataset(windows: TokenWindows) -> Any:
 
 
 @contextmanager
-def _layer_errors(job: QuantizeJob) -> Iterator[list[dict[str, Any]]]:
-    """Collect the per-layer errors llm-compressor logs (GPTQ loss, AWQ scale-search error).
+def _patched(owner: type, attribute: str, replacement: object) -> Iterator[None]:
+    """Set a class attribute for the duration (restored exactly, also as a classmethod)."""
+    original = owner.__dict__[attribute]
+    setattr(owner, attribute, replacement)
+    try:
+        yield
+    finally:
+        setattr(owner, attribute, original)
 
-    llm-compressor reports them only through its loguru logger, so the logger is routed to a
-    collecting sink for the duration (and to stderr as well with ``--verbose``).
+
+@contextmanager
+def _llmcompressor_hooks(job: QuantizeJob, model: torch.nn.Module) -> Iterator[list[JsonValue]]:
+    """Per-layer progress and per-module errors from llm-compressor's own objects, not its logs.
+
+    - progress: the sequential pipeline's lifecycle callback ``sequential_epoch_end(modules)``
+      fires once per decoder layer with that layer's modules;
+    - GPTQ: each module's Hessian loss goes through ``CompressionLogger.set_results`` (the
+      log line rounds it to two decimals; this keeps the float);
+    - AWQ: the modifier's per-mapping ``_error_metrics`` are read when it logs them at
+      finalize, just before it clears them.
+    Its loguru output stays off unless ``--verbose``.
     """
     import sys
 
+    from llmcompressor.core import LifecycleCallbacks
+    from llmcompressor.modifiers.transform.awq import AWQModifier
+    from llmcompressor.utils.metric_logging import CompressionLogger
     from loguru import logger
 
-    errors: list[dict[str, Any]] = []
-    pending: list[str] = []
+    names = {id(module): name for name, module in model.named_modules()}
+    errors: list[JsonValue] = []
+    epoch_end = LifecycleCallbacks.__dict__["sequential_epoch_end"].__func__
+    set_results = CompressionLogger.set_results
+    log_awq = AWQModifier._log_error_metrics
 
-    def sink(message: Any) -> None:
-        record = message.record
-        text = str(record["message"])
-        layer = _LAYER.search(text)
-        if layer:
-            job.on_layer(int(layer.group(1)))
-        if text.startswith("Quantizing ") and "module(s):" in text:
-            with suppress(ValueError, SyntaxError):
-                pending.extend(ast.literal_eval(text.split("module(s):", 1)[1].strip()))
-        elif record["level"].name == "METRIC" and text.startswith("error "):
-            name = pending.pop(0) if pending else None
-            errors.append({"module": name, "method": record["function"], "loss": float(text.split()[1])})
-        elif text.startswith("AWQ per-mapping error metrics:"):
-            try:
-                data = ast.literal_eval(text.split(":", 1)[1].strip())
-                for item in data.get("metrics", []):
-                    errors.append(
-                        {
-                            "module": item.get("layer_name"),
-                            "method": "AWQ",
-                            "initial_error": float(item.get("initial_error")),
-                            "best_error": float(item.get("best_error")),
-                        }
-                    )
-            except (ValueError, SyntaxError, TypeError, AttributeError):
-                pass
+    def on_epoch_end(cls: type, modules: list[torch.nn.Module], **kwargs: object) -> object:
+        layers = [int(m.group(1)) for m in (_LAYER.search(names.get(id(x), "")) for x in modules) if m]
+        if layers:
+            job.on_layer(max(layers))
+        return epoch_end(cls, modules, **kwargs)
 
-    try:
-        logger.level("METRIC")
-    except ValueError:  # llm-compressor defines it only when its logging is enabled
-        logger.level("METRIC", no=38)
+    def on_results(self: CompressionLogger, name: str | None = None, loss: float | None = None) -> None:
+        set_results(self, name=name, loss=loss)
+        if loss is not None:
+            errors.append({"module": names.get(id(self.module)), "method": name, "loss": float(loss)})
+
+    def on_awq_metrics(self: AWQModifier) -> None:
+        for item in self._error_metrics:
+            errors.append(
+                {
+                    "module": str(item["layer_name"]),
+                    "method": "AWQ",
+                    "initial_error": float(item["initial_error"]),
+                    "best_error": float(item["best_error"]),
+                }
+            )
+        log_awq(self)
+
     logger.remove()  # llm-compressor installs its own console handler on import
-    sink_ids = [logger.add(sink, level="DEBUG", filter="llmcompressor")]
+    sink = logger.add(sys.stderr, level="INFO") if job.verbose else None
     if job.verbose:
-        sink_ids.append(logger.add(sys.stderr, level="INFO"))
-    logger.enable("llmcompressor")
+        logger.enable("llmcompressor")
+    else:
+        logger.disable("llmcompressor")
     try:
-        yield errors
+        with (
+            _patched(LifecycleCallbacks, "sequential_epoch_end", classmethod(on_epoch_end)),
+            _patched(CompressionLogger, "set_results", on_results),
+            _patched(AWQModifier, "_log_error_metrics", on_awq_metrics),
+        ):
+            yield errors
     finally:
-        for sink_id in sink_ids:
-            logger.remove(sink_id)
-        if not job.verbose:
-            logger.disable("llmcompressor")
+        if sink is not None:
+            logger.remove(sink)
+        logger.disable("llmcompressor")
         logger.add(sys.stderr, level="WARNING")  # a plain default for the rest of the process
 
 
@@ -112,14 +137,17 @@ def _cpu_only_compat() -> Iterator[None]:
         IntermediatesCache.pin_memory = original  # type: ignore[method-assign]
 
 
-def run_oneshot(job: QuantizeJob, recipe: Any, calibration: TokenWindows | None) -> dict[str, Any]:
+def run_oneshot(
+    job: QuantizeJob, recipe: OneshotRecipe, calibration: TokenWindows | None
+) -> dict[str, JsonValue]:
     """Run llm-compressor's ``oneshot`` with ``recipe`` (modifier or list) into ``job.out_dir``."""
     try:
         import llmcompressor
         from llmcompressor import oneshot
     except ImportError as err:  # pragma: no cover - depends on the environment
         raise MissingDependencyError(
-            f"llm-compressor is not installed ({err.name})", "pip install 'quantkit[llmcompressor]'"
+            f"llm-compressor is not installed ({err.name})",
+            "pip install 'quantkit[gptq]' (the gptq, awq and fp8 extras all install llm-compressor)",
         ) from None
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -145,7 +173,7 @@ def run_oneshot(job: QuantizeJob, recipe: Any, calibration: TokenWindows | None)
         }
     names = [type(m).__name__ for m in (recipe if isinstance(recipe, list) else [recipe])]
     job.log(f"running llm-compressor oneshot ({' + '.join(names)})")
-    with torch.random.fork_rng(devices=[]), _cpu_only_compat(), _layer_errors(job) as errors:
+    with torch.random.fork_rng(devices=[]), _cpu_only_compat(), _llmcompressor_hooks(job, model) as errors:
         torch.manual_seed(job.seed)  # the run's seed, without changing the caller's RNG state
         try:
             oneshot(model=model, recipe=recipe, **kwargs)
@@ -158,9 +186,10 @@ def run_oneshot(job: QuantizeJob, recipe: Any, calibration: TokenWindows | None)
     model.save_pretrained(job.out_dir, save_compressed=True)
     failpoint("save.weights")  # weights written, tokenizer not yet: a crash mid-save
     tokenizer.save_pretrained(job.out_dir)
+    modifiers: list[JsonValue] = list(names)
     return {
         "library": "llmcompressor",
         "library_version": llmcompressor.__version__,
-        "modifiers": names,
+        "modifiers": modifiers,
         "layer_errors": errors,
     }

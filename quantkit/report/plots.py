@@ -120,19 +120,24 @@ def _place_labels(spots: list[tuple[float, float, str]]) -> list[tuple[float, fl
     return out
 
 
-def scatter_svg(
-    points: Sequence[Point],
-    *,
-    title: str,
-    x_label: str,
-    y_label: str,
-    maximize_y: bool = False,
-    x_log: bool | None = None,
-    y_log: bool | None = None,
-) -> str:
+@dataclass(frozen=True)
+class PlotSpec:
+    """What a scatter plot shows: its title, axis titles, which way is better, axis scales
+    (``None``: logarithmic when the values span more than a decade)."""
+
+    title: str
+    x_label: str
+    y_label: str
+    maximize_y: bool = False
+    x_log: bool | None = None
+    y_log: bool | None = None
+
+
+def scatter_svg(points: Sequence[Point], spec: PlotSpec) -> str:
     """An SVG scatter plot with tick labels, axis titles, labelled points and the Pareto front."""
+    title, x_label, y_label = spec.title, spec.x_label, spec.y_label
     xs, ys = [p.x for p in points], [p.y for p in points]
-    x_axis, y_axis = Axis(xs, x_log), Axis(ys, y_log)
+    x_axis, y_axis = Axis(xs, spec.x_log), Axis(ys, spec.y_log)
 
     def sx(v: float) -> float:
         return LEFT + x_axis.frac(v) * PLOT_W
@@ -176,7 +181,7 @@ def scatter_svg(
         )
     )
 
-    front = pareto_front([(p.x, p.y) for p in points], maximize_y=maximize_y)
+    front = pareto_front([(p.x, p.y) for p in points], maximize_y=spec.maximize_y)
     if len(front) > 1:
         path = " ".join(f"{sx(points[i].x):.1f},{sy(points[i].y):.1f}" for i in front)
         parts.append(
@@ -252,26 +257,25 @@ def quality_vs_size(rows: Sequence[Mapping[str, JsonValue]]) -> str:
         points, x_label = _points(rows, "disk_bytes", "kld_mean", 1e6), "disk size (MB)"
     else:
         points, x_label = _points(rows, "weight_bits", "kld_mean"), "bits / weight"
-    return scatter_svg(
-        points, title="Quality vs size", x_label=x_label, y_label="KLD mean (nats/token, lower is better)"
-    )
+    spec = PlotSpec("Quality vs size", x_label, "KLD mean (nats/token, lower is better)")
+    return scatter_svg(points, spec)
 
 
 def speed_vs_quality(rows: Sequence[Mapping[str, JsonValue]]) -> str:
     """Decode tok/s against KLD mean; without speed numbers, Δppl % against bits/weight instead."""
     if any(row.get("decode_tok_s") is not None for row in rows[1:]):
-        return scatter_svg(
-            _points(rows, "kld_mean", "decode_tok_s"),
-            title="Decode speed vs quality",
+        speed = PlotSpec(
+            "Decode speed vs quality",
             x_label="KLD mean (nats/token, lower is better)",
             y_label="decode tok/s (higher is better)",
             maximize_y=True,
         )
-    return scatter_svg(
-        _points(rows, "weight_bits", "ppl_increase_pct"),
-        title="Size vs quality (no decode speed measured)",
+        return scatter_svg(_points(rows, "kld_mean", "decode_tok_s"), speed)
+    size = PlotSpec(
+        "Size vs quality (no decode speed measured)",
         x_label="bits / weight",
         y_label="Δppl % (lower is better)",
         x_log=False,
         y_log=False,
     )
+    return scatter_svg(_points(rows, "weight_bits", "ppl_increase_pct"), size)

@@ -325,3 +325,91 @@ def test_model_folder_without_weights(tmp_path: Path, tiny_model: Path) -> None:
     (folder / "model.safetensors").unlink()
     result = quantkit("quantize", tiny(tmp_path, folder), cwd=tmp_path)
     assert_clean_failure(result, "has no weight files", tmp_path)
+
+
+def stored_run(tmp: Path) -> Path:
+    """A copy of the schema-1 run in tests/data (flags are checked before the run is touched)."""
+    import shutil
+
+    from conftest import V1_RUN
+
+    return Path(shutil.copytree(V1_RUN, tmp / "stored" / "run-v1"))
+
+
+def assert_run_untouched(run: Path) -> None:
+    from conftest import V1_RUN
+
+    assert (run / "manifest.json").read_bytes() == (V1_RUN / "manifest.json").read_bytes()
+    assert not (run / ".lock").exists()
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["--limit", "0"], "--limit"),
+        (["--limit", "-3"], "--limit"),
+        (["--tasks", ","], "--tasks"),
+        (["--tasks", "no_such_task_xyz"], "no_such_task_xyz"),
+        (["--batch-size", "0"], "--batch-size"),
+        (["--device", "tpu"], "tpu"),
+    ],
+)
+def test_eval_flags_are_checked_before_anything_runs(tmp_path: Path, args: list[str], needle: str) -> None:
+    run = stored_run(tmp_path)
+    assert_clean_failure(quantkit("eval", run, *args, cwd=tmp_path), needle, tmp_path)
+    assert_run_untouched(run)
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["--price-per-hour", "-1"], "--price-per-hour"),
+        (["--repeats", "0"], "--repeats"),
+        (["--device", "tpu"], "tpu"),
+    ],
+)
+def test_bench_flags_are_checked_before_anything_runs(tmp_path: Path, args: list[str], needle: str) -> None:
+    run = stored_run(tmp_path)
+    assert_clean_failure(quantkit("bench", run, *args, cwd=tmp_path), needle, tmp_path)
+    assert_run_untouched(run)
+
+
+@pytest.mark.parametrize("command", [["quantize"], ["eval"], ["bench"]])  # plan takes --device-name
+def test_every_device_flag_is_checked_the_same_way(tmp_path: Path, command: list[str]) -> None:
+    extra = [stored_run(tmp_path)] if command[0] in ("eval", "bench") else []
+    result = quantkit(*command, *extra, "--device", "tpu", cwd=tmp_path)
+    assert_clean_failure(result, "tpu", tmp_path)
+    assert "auto" in result.stderr and "cuda" in result.stderr  # the choices are named
+
+
+def test_plan_names_a_remote_code_flag_it_accepts(tmp_path: Path, tiny_model: Path) -> None:
+    folder = _copy_model(tiny_model, tmp_path)
+    config = json.loads((folder / "config.json").read_text())
+    config["auto_map"] = {"AutoModelForCausalLM": "modeling_evil.EvilForCausalLM"}
+    write(folder / "config.json", json.dumps(config))
+    result = quantkit("plan", "fp8-dynamic", "--model", folder, cwd=tmp_path)
+    assert_clean_failure(result, "trust_remote_code", tmp_path)
+    hint = next(line for line in result.stderr.splitlines() if line.startswith("hint: "))
+    flags = [word.strip(".,;:()'`") for word in hint.split() if word.startswith("--")]
+    assert flags == ["--trust-remote-code"]
+    accepted = quantkit("plan", "fp8-dynamic", "--model", folder, "--trust-remote-code", cwd=tmp_path)
+    assert "No such option" not in accepted.stderr and accepted.returncode == 0, accepted.stderr
+
+
+@pytest.mark.parametrize(
+    ("argv", "promise"),
+    [
+        (["quantize", "gptq-w4a16-g64"], "resumes"),
+        (["bench", "runs/x"], "left as it was"),
+        (["eval", "runs/x", "--tasks", "arc_easy"], "left as it was"),
+        (["report", "runs/x"], "nothing was changed"),
+        (["gate", "runs/x", "--max-kld", "0.1"], "nothing was changed"),
+        (["plan", "fp8-dynamic"], "nothing was changed"),
+    ],
+)
+def test_the_interrupted_hint_promises_only_what_the_command_keeps(argv: list[str], promise: str) -> None:
+    from quantkit.cli import interrupted_hint
+
+    hint = interrupted_hint(argv)
+    assert promise in hint
+    assert ("resume" in hint) == (argv[0] == "quantize")

@@ -6,6 +6,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+from conftest import require_extra
 
 from quantkit.cli import main
 from quantkit.errors import RecipeError
@@ -32,7 +33,7 @@ def test_imatrix_without_calibration_is_refused() -> None:
 def test_unsupported_architecture_is_refused_before_anything_is_written(
     tmp_path: Path, tiny_model: Path, capsys
 ) -> None:
-    pytest.importorskip("llama_cpp")
+    require_extra("llama_cpp", "gguf")
     from transformers import OPTConfig, OPTForCausalLM
 
     folder = tmp_path / "opt"

@@ -6,10 +6,11 @@ import json
 from pathlib import Path
 
 import pytest
+from conftest import require_extra
 
 from quantkit.cli import main
 
-pytest.importorskip("lm_eval")
+require_extra("lm_eval", "lm-eval")
 
 
 def recipe(tmp_path: Path, tiny_model: Path, tasks: str = "[quantkit_cloze]") -> Path:

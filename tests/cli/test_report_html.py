@@ -99,7 +99,7 @@ def test_scatter_svg_is_valid_xml_with_one_marker_per_point() -> None:
         plots.Point("d", 150, 0.09),
         plots.Point("e", 90, 0.6),
     ]
-    root = _parse(plots.scatter_svg(pts, title="T & <t>", x_label="size", y_label="KLD"))
+    root = _parse(plots.scatter_svg(pts, plots.PlotSpec("T & <t>", x_label="size", y_label="KLD")))
     assert len(_points(root)) == 5
     pareto = [el for el in _points(root) if "pareto" in el.get("class", "")]
     assert len(pareto) == 4  # d is beaten by c
@@ -111,8 +111,8 @@ def test_scatter_svg_is_valid_xml_with_one_marker_per_point() -> None:
 
 
 def test_scatter_svg_handles_no_and_single_points() -> None:
-    assert "no data" in plots.scatter_svg([], title="t", x_label="x", y_label="y")
-    root = _parse(plots.scatter_svg([plots.Point("only", 1.0, 1.0)], title="t", x_label="x", y_label="y"))
+    assert "no data" in plots.scatter_svg([], plots.PlotSpec("t", "x", "y"))
+    root = _parse(plots.scatter_svg([plots.Point("only", 1.0, 1.0)], plots.PlotSpec("t", "x", "y")))
     assert len(_points(root)) == 1 and not root.findall(f"{SVG}polyline")
 
 

@@ -13,11 +13,12 @@ import shutil
 from pathlib import Path
 
 import pytest
+from conftest import require_extra
 
 from quantkit.cli import main
 
 pytestmark = pytest.mark.slow
-pytest.importorskip("llama_cpp")
+require_extra("llama_cpp", "gguf")
 
 
 @pytest.fixture(scope="module")
@@ -67,7 +68,7 @@ def test_family_converts_and_matches_in_llama_cpp(
             "--set",
             f"options.type={kind}",
         ]
-        assert main(args + budget) in (0, 1)
+        assert main(args + budget) == 0  # F16 and Q8_0 both pass the recipe gate (max_kld 0.01)
         runs[kind] = json.loads((out / "manifest.json").read_text())
     f16 = runs["F16"]["metrics"]["quantized"]
     assert runs["F16"]["model"]["architecture"] == architecture

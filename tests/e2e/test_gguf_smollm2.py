@@ -8,13 +8,13 @@ import os
 from pathlib import Path
 
 import pytest
-from conftest import E2E_BUDGET
+from conftest import E2E_BUDGET, require_extra
 
 from quantkit.cli import main
 
 pytestmark = pytest.mark.slow
 
-pytest.importorskip("llama_cpp", reason="llama-cpp-python is part of make test's install")
+require_extra("llama_cpp", "gguf")
 
 
 @pytest.fixture(scope="module")

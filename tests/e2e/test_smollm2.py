@@ -139,3 +139,35 @@ def test_lm_eval_task_recovery_for_an_hf_format(fp8_run: Path, capsys) -> None:
     result = json.loads(capsys.readouterr().out)[0]
     assert result["baseline"]["quantkit_cloze"]["value"] > 0.5
     assert 50 < result["recovery_pct"]["quantkit_cloze"] <= 150
+
+
+def test_top_k_only_scoring_agrees_with_the_full_distribution_on_smollm2(
+    fp8_run: Path, tmp_path: Path
+) -> None:
+    """The same FP8 artifact scored through the endpoint-style contract (tests/toy_runtime.py:
+    its own top-k only, no residual mass, no log-probs of asked-for ids) against the full path
+    (transformers answering for the reference's top-k ids). Perplexity and top-1 are exact; the
+    KLD estimate differed by TOPK_ONLY_KLD_REL (measured: see the assertion) on 8 x 256 tokens."""
+    from quantkit.runtimes import RUNTIMES
+
+    RUNTIMES.register("toy", "toy_runtime:TopKOnlyRuntime")
+    try:
+        out = tmp_path / "toy"
+        assert main(["quantize", "fp8-dynamic", "--out", str(out), *BUDGET, "--set", "eval.runtime=toy"]) == 0
+    finally:
+        RUNTIMES.unregister("toy")
+    full, toy = _manifest(fp8_run), _manifest(out)
+    assert toy["eval"]["reference_cached"] is True
+    from quantkit.fileio import file_sha256
+
+    weights = "artifact/model.safetensors"
+    assert file_sha256(out / weights) == file_sha256(fp8_run / weights)  # the same artifact
+    exact = {k: v["value"] for k, v in full["metrics"]["quantized"].items()}
+    estimated = {k: v["value"] for k, v in toy["metrics"]["quantized"].items()}
+    print("top-k-only vs full:", {k: (estimated[k], exact[k]) for k in ("kld_mean", "kld_p99", "ppl")})
+    assert estimated["ppl"] == pytest.approx(exact["ppl"], rel=1e-9)
+    assert estimated["top1_agreement_pct"] == exact["top1_agreement_pct"]
+    assert estimated["kld_mean"] == pytest.approx(exact["kld_mean"], rel=TOPK_ONLY_KLD_REL)
+
+
+TOPK_ONLY_KLD_REL = 0.05

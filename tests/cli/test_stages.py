@@ -1,0 +1,117 @@
+"""One pipeline of stages: `eval RUN` and `bench RUN` update a finished run the way quantize
+finalizes one, stage dependencies drive invalidation, and a runtime is one file + one line."""
+
+from __future__ import annotations
+
+import fcntl
+import json
+from pathlib import Path
+
+import pytest
+from conftest import write_tiny_recipe
+
+from quantkit.cli import main
+
+
+def run_cli(capsys: pytest.CaptureFixture[str], *args: object) -> tuple[int, str, str]:
+    code = main([str(arg) for arg in args])
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def manifest(run: Path) -> dict:
+    return json.loads((run / "manifest.json").read_text())
+
+
+def test_eval_run_then_gate_judges_the_updated_recovery(tmp_path: Path, tiny_model: Path, capsys) -> None:
+    """quantize fails its recipe gate (no task recovery yet); eval RUN adds the lm-eval stage,
+    and the run's gate verdict, report and stage records follow."""
+    recipe = write_tiny_recipe(tmp_path, tiny_model)
+    recipe.write_text(
+        recipe.read_text().replace(
+            "gates: {max_kld: 1.0}", "gates: {max_kld: 1.0, min_task_recovery_pct: 50}"
+        )
+    )
+    run = tmp_path / "run"
+    code, _, err = run_cli(capsys, "quantize", recipe, "--out", run)
+    assert code == 1 and "task_recovery_pct: missing" in err
+    assert manifest(run)["gate"]["passed"] is False
+    code, out, err = run_cli(
+        capsys, "eval", run, "--tasks", "quantkit_cloze", "--limit", "4", "--format", "json"
+    )
+    assert code == 0, err
+    result = json.loads(out)[0]
+    updated = manifest(run)
+    recovery = updated["metrics"]["quantized"]["task_recovery_pct"]["value"]
+    assert recovery == pytest.approx(result["recovery_pct"]["quantkit_cloze"]) == result["task_recovery_pct"]
+    assert updated["gate"]["passed"] is True  # the recorded verdict is current, not stale
+    checks = {check["metric"]: check for check in updated["gate"]["checks"]}
+    assert checks["task_recovery_pct"]["value"] == recovery
+    assert updated["recipe"]["evals"][0]["lm_eval"]["limit"] == 4  # the manifest says what ran
+    assert "lm-eval recovery %" in (run / "report.md").read_text()
+    assert json.loads((run / "report.json").read_text())["rows"][1]["task_recovery_pct"] == recovery
+    assert "lm_eval/quantkit_cloze.jsonl" in updated["stages"]["lm_eval.0"]["files"]
+    assert run_cli(capsys, "gate", run)[0] == 0
+    code, out, _ = run_cli(capsys, "gate", run, "--min-task-recovery", f"{recovery + 1}%")
+    assert code == 1 and "task_recovery_pct" in out
+    code, out, _ = run_cli(capsys, "runs", "show", run)
+    assert code == 0 and "stage lm_eval.0" in out and "lm_eval/quantkit_cloze.jsonl" in out
+    # the same tasks again redo the same entry; other settings add one, averaged with the first
+    assert run_cli(capsys, "eval", run, "--tasks", "quantkit_cloze", "--limit", "4")[0] == 0
+    assert len(manifest(run)["lm_eval"]) == 1
+    assert run_cli(capsys, "eval", run, "--tasks", "quantkit_cloze", "--limit", "6")[0] == 0
+    again = manifest(run)
+    assert [entry["settings"]["limit"] for entry in again["lm_eval"]] == [4, 6]
+    assert (run / "lm_eval" / "entry-1" / "quantkit_cloze.jsonl").is_file()
+    assert len((run / "lm_eval" / "quantkit_cloze.jsonl").read_text().splitlines()) == 4  # entry 0 kept
+    assert set(again["stages"]) >= {"reference", "quantize", "evaluate", "lm_eval.0", "lm_eval.1"}
+
+
+def test_a_run_being_updated_is_locked(tmp_path: Path, tiny_recipe: Path, capsys) -> None:
+    run = tmp_path / "run"
+    assert run_cli(capsys, "quantize", tiny_recipe, "--out", run)[0] == 0
+    before = (run / "manifest.json").read_bytes()
+    with (run / ".lock").open("a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)  # as a running bench RUN would
+        code, _, err = run_cli(capsys, "eval", run, "--tasks", "quantkit_cloze", "--limit", "4")
+        assert code == 2 and "another quantkit process is updating" in err
+    assert (run / "manifest.json").read_bytes() == before
+
+
+def test_redoing_a_stage_drops_what_depended_on_it() -> None:
+    from quantkit.stages.runner import dependents
+
+    recorded = ["reference", "quantize", "evaluate", "lm_eval.0", "lm_eval.1", "bench"]
+    assert dependents("quantize", recorded) == ["evaluate", "lm_eval.0", "lm_eval.1", "bench"]
+    assert dependents("reference", recorded) == ["evaluate"]
+    assert dependents("evaluate", recorded) == [] and dependents("bench", recorded) == []
+
+
+def test_a_toy_runtime_is_one_file_and_one_registry_line(tmp_path: Path, tiny_recipe: Path, capsys) -> None:
+    """tests/toy_runtime.py answers like an endpoint (its own top-k only); registered with one
+    line, a run scored through it agrees with the same artifact scored by transformers."""
+    from quantkit.runtimes import RUNTIMES
+
+    RUNTIMES.register("toy", "toy_runtime:TopKOnlyRuntime")
+    try:
+        full, toy = tmp_path / "full", tmp_path / "toy"
+        assert run_cli(capsys, "quantize", tiny_recipe, "--out", full)[0] == 0
+        code, _, err = run_cli(capsys, "quantize", tiny_recipe, "--out", toy, "--set", "eval.runtime=toy")
+        assert code == 0, err
+    finally:
+        RUNTIMES.unregister("toy")
+    exact, estimated = manifest(full), manifest(toy)
+    assert estimated["eval"]["runtime"] == "toy" and exact["eval"]["runtime"] == "hf"
+    values = {name: entry["value"] for name, entry in estimated["metrics"]["quantized"].items()}
+    reference = {name: entry["value"] for name, entry in exact["metrics"]["quantized"].items()}
+    assert values["ppl"] == pytest.approx(reference["ppl"], rel=1e-6)
+    assert values["top1_agreement_pct"] == reference["top1_agreement_pct"]
+    assert values["kld_mean"] == pytest.approx(reference["kld_mean"], rel=0.05)
+
+
+def test_an_unknown_eval_runtime_is_refused(tmp_path: Path, tiny_recipe: Path, capsys) -> None:
+    code, _, err = run_cli(
+        capsys, "quantize", tiny_recipe, "--out", tmp_path / "x", "--set", "eval.runtime=vllm"
+    )
+    assert code == 2 and "unknown runtime 'vllm'" in err and "hint:" in err
+    assert not (tmp_path / "x").exists()
