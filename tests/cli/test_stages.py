@@ -56,7 +56,8 @@ def test_eval_run_then_gate_judges_the_updated_recovery(tmp_path: Path, tiny_mod
     assert code == 1 and "task_recovery_pct" in out
     code, out, _ = run_cli(capsys, "runs", "show", run)
     assert code == 0 and "stage lm_eval.0" in out and "lm_eval/quantkit_cloze.jsonl" in out
-    # the same tasks again redo the same entry; other settings add one, averaged with the first
+    # the same settings again redo the same entry; other settings add one. task_recovery_pct is
+    # the mean over tasks of each task's latest entry (here: quantkit_cloze at limit 6)
     assert run_cli(capsys, "eval", run, "--tasks", "quantkit_cloze", "--limit", "4")[0] == 0
     assert len(manifest(run)["lm_eval"]) == 1
     assert run_cli(capsys, "eval", run, "--tasks", "quantkit_cloze", "--limit", "6")[0] == 0
@@ -65,6 +66,15 @@ def test_eval_run_then_gate_judges_the_updated_recovery(tmp_path: Path, tiny_mod
     assert (run / "lm_eval" / "entry-1" / "quantkit_cloze.jsonl").is_file()
     assert len((run / "lm_eval" / "quantkit_cloze.jsonl").read_text().splitlines()) == 4  # entry 0 kept
     assert set(again["stages"]) >= {"reference", "quantize", "evaluate", "lm_eval.0", "lm_eval.1"}
+    from quantkit.evals.lm_eval_runner import recovery
+    from quantkit.manifest import TaskResult
+
+    latest = again["lm_eval"][1]
+    sides = [
+        {t: TaskResult.model_validate(r) for t, r in latest[k].items()} for k in ("baseline", "artifact")
+    ]
+    expected = recovery(*sides)["quantkit_cloze"]
+    assert again["metrics"]["quantized"]["task_recovery_pct"]["value"] == pytest.approx(expected)
 
 
 def test_a_run_being_updated_is_locked(tmp_path: Path, tiny_recipe: Path, capsys) -> None:

@@ -145,3 +145,27 @@ def test_gptq_w3_and_w8(bits: int, tiny_model: Path, tmp_path: Path) -> None:
     config = json.loads((tmp_path / "b" / "artifact" / "config.json").read_text())
     assert config["quantization_config"]["config_groups"]["group_0"]["weights"]["num_bits"] == bits
     assert manifest["artifact"]["scheme"] == f"W{bits}A16-g32"
+
+
+def test_piped_output_prints_a_line_per_layer_with_elapsed_and_remaining(
+    tiny_model: Path, tmp_path: Path
+) -> None:
+    """In CI logs (stderr not a terminal) GPTQ says where it is instead of going silent."""
+    import os
+    import re
+    import subprocess
+    import sys
+
+    env = {**os.environ, "QUANTKIT_PROGRESS_INTERVAL": "0"}
+    args = ["quantize", "gptq-w4a16-g128", "--model", str(tiny_model), "--out", str(tmp_path / "p")]
+    result = subprocess.run(
+        [sys.executable, "-m", "quantkit", *args, *TINY_BUDGET], capture_output=True, text=True, env=env
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    lines = result.stderr.splitlines()
+    assert "▶ quantizing with gptq (2 steps)" in lines
+    steps = [line for line in lines if line.startswith("  quantizing with gptq: ")]
+    assert len(steps) == 2, result.stderr
+    assert re.fullmatch(r"  quantizing with gptq: 1/2, \d+ s elapsed, ~\d+ s left", steps[0])
+    assert re.fullmatch(r"  quantizing with gptq: 2/2, \d+ s elapsed", steps[1])
+    assert any(re.fullmatch(r"✓ quantizing with gptq \(\d+ s\)", line) for line in lines)

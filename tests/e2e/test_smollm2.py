@@ -138,7 +138,9 @@ def test_lm_eval_task_recovery_for_an_hf_format(fp8_run: Path, capsys) -> None:
     assert main(["eval", str(fp8_run), "--tasks", "quantkit_cloze", "--limit", "40", "--format", "json"]) == 0
     result = json.loads(capsys.readouterr().out)[0]
     assert result["baseline"]["quantkit_cloze"]["value"] > 0.5
-    assert 50 < result["recovery_pct"]["quantkit_cloze"] <= 150
+    recovered = result["recovery_pct"]["quantkit_cloze"]
+    print(f"FP8-dynamic quantkit_cloze recovery {recovered:.1f} %")
+    assert 85 < recovered <= 110  # FP8 barely moves the model (KLD < 0.1); random answers: ~27 %
 
 
 def test_top_k_only_scoring_agrees_with_the_full_distribution_on_smollm2(
@@ -147,7 +149,8 @@ def test_top_k_only_scoring_agrees_with_the_full_distribution_on_smollm2(
     """The same FP8 artifact scored through the endpoint-style contract (tests/toy_runtime.py:
     its own top-k only, no residual mass, no log-probs of asked-for ids) against the full path
     (transformers answering for the reference's top-k ids). Perplexity and top-1 are exact; the
-    KLD estimate differed by TOPK_ONLY_KLD_REL (measured: see the assertion) on 8 x 256 tokens."""
+    KLD estimate (top-32) was 0.02430 against 0.02465 on 8 x 256 tokens (1.4 % low, measured
+    2026-12-03); the tolerance is twice that."""
     from quantkit.runtimes import RUNTIMES
 
     RUNTIMES.register("toy", "toy_runtime:TopKOnlyRuntime")
@@ -170,4 +173,4 @@ def test_top_k_only_scoring_agrees_with_the_full_distribution_on_smollm2(
     assert estimated["kld_mean"] == pytest.approx(exact["kld_mean"], rel=TOPK_ONLY_KLD_REL)
 
 
-TOPK_ONLY_KLD_REL = 0.05
+TOPK_ONLY_KLD_REL = 0.03

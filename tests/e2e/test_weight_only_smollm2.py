@@ -15,6 +15,10 @@ from quantkit.cli import main
 
 pytestmark = pytest.mark.slow
 
+# Recovery (artifact accuracy / baseline accuracy on 40 quantkit_cloze items) a working 4-bit
+# artifact clears with room for the ±5-point stderr of 40 items; a broken one cannot.
+MIN_RECOVERY = 70
+
 
 @pytest.fixture(scope="module")
 def runs(session_cache: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
@@ -29,7 +33,8 @@ def runs(session_cache: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[
     manifests = {}
     for name, args in plan.items():
         out = root / name
-        assert main(["quantize", args[0], "--out", str(out), *E2E_BUDGET, *args[1:]]) in (0, 1)
+        # GPTQ and AWQ pass their recipe gate (max_kld 0.25); RTN's recipe has none: all exit 0
+        assert main(["quantize", args[0], "--out", str(out), *E2E_BUDGET, *args[1:]]) == 0
         manifests[name] = json.loads((out / "manifest.json").read_text()) | {"_path": str(out)}
     return manifests
 
@@ -92,7 +97,10 @@ def test_lm_eval_recovery_for_gptq_and_awq_shows_in_the_report(
     assert [r["baseline"]["quantkit_cloze"]["value"] > 0.5 for r in results] == [True, True]
     for result in results:
         assert result["artifact"]["quantkit_cloze"]["stderr"] is not None
-        assert 30 < result["recovery_pct"]["quantkit_cloze"] <= 150
+        # a model answering at random recovers ~25 / baseline accuracy (~27 %); see MIN_RECOVERY
+        recovered = result["recovery_pct"]["quantkit_cloze"]
+        print(f"{result['run']}: quantkit_cloze recovery {recovered:.1f} %")
+        assert MIN_RECOVERY < recovered <= 110
     report = tmp_path / "r.json"
     assert main(["report", *paths, "-o", str(report)]) == 0
     rows = json.loads(report.read_text())["rows"]
