@@ -47,7 +47,7 @@ def main() -> None:
     tokenizer = AutoTokenizer.from_pretrained(source.path)
     windows = eval_windows(EvalSpec(num_windows=args.windows, seq_len=args.seq_len), tokenizer)
     runtime = HFRuntime.load(source.path, RuntimeSettings(device="cpu", context_length=args.seq_len))
-    reference = ref.compute(runtime, windows, args.top_k, args.batch_size, "bench")
+    reference = ref.compute(runtime, windows, ref.ReferenceShape(args.top_k, args.batch_size), "bench")
     ids = torch.as_tensor(windows.ids)
 
     def bare() -> None:

@@ -154,6 +154,8 @@ def build_manifest(ctx: RunContext, header: RunHeader) -> Manifest:
             reference_key=reference.key,
             reference_cached=reference.cached,
             runtime=evaluation.runtime,
+            tail_samples=ctx.recipe.eval.tail_samples if evaluation.kld_estimator == "sampled-tail" else 0,
+            kld_estimator=evaluation.kld_estimator,
         ),
         baseline=BaselineInfo(dtype=dtype, weight_bits=dtype_bits(dtype)),
         artifact=results.require("quantize", QuantizeResult).artifact,

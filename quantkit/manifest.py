@@ -70,6 +70,9 @@ class EvalInfo(WindowsInfo):
     reference_key: str
     reference_cached: bool
     runtime: str | None = None  # the runtime that scored the artifact (schema 2)
+    tail_samples: int = 0  # baseline tail ids per position for the KLD (schema 2)
+    # "sampled-tail" (top-k exact + sampled tail) or "top-k+rest" (a lower bound); None: schema 1
+    kld_estimator: str | None = None
 
 
 class BaselineInfo(Record):

@@ -287,7 +287,7 @@ def _update_run(
     its manifest, recipe and reports, under the run's lock."""
     from quantkit.finalize import RunHeader, build_manifest, write_run_files
     from quantkit.journal import Journal
-    from quantkit.manifest import WindowsInfo
+    from quantkit.manifest import EvalInfo, WindowsInfo
     from quantkit.models import ModelSource
     from quantkit.stages.restore import restore
     from quantkit.stages.runner import StageRunner
@@ -325,7 +325,7 @@ def _update_run(
             created=manifest.created,
             calibration=manifest.calibration,
             eval_windows=WindowsInfo.model_validate(
-                manifest.eval.model_dump(exclude={"top_k", "reference_key", "reference_cached", "runtime"})
+                manifest.eval.model_dump(exclude=set(EvalInfo.model_fields) - set(WindowsInfo.model_fields))
             ),
             environment=manifest.environment,
             resume=manifest.resume,

@@ -39,6 +39,12 @@ class EvalSpec(TextSource):
     num_windows: int = Field(24, ge=1, le=100_000)
     seq_len: int = Field(512, ge=8, le=131_072)
     top_k: int = Field(32, ge=1, le=1024, description="baseline log-probs kept per position for KLD")
+    tail_samples: int = Field(
+        64,
+        ge=0,
+        le=4096,
+        description="ids drawn per position from the baseline's tail for the KLD (0: top-k + rest bound)",
+    )
     batch_size: int = Field(4, ge=1, le=1024)
     runtime: str | None = Field(
         None, description="score the artifact in this runtime (default: the artifact's own)"

@@ -180,6 +180,14 @@ def build(runs: list[RunRecord]) -> Comparison:
         for run in members[1:]:
             if run.manifest.environment.libraries != first.environment.libraries:
                 group.warnings.append(f"{run.name} used different library versions than {members[0].name}")
+        estimators = {run.name: run.manifest.eval.kld_estimator for run in members}
+        bounded = [name for name, estimator in estimators.items() if estimator == "top-k+rest"]
+        if bounded:
+            group.warnings.append(
+                f"KLD of {', '.join(bounded)} is the top-k + rest estimate, a lower bound "
+                "(~78 % of the full KLD at top_k 32 on SmolLM2; docs/evaluation.md): "
+                "not comparable with sampled-tail KLDs"
+            )
         if any(row["task_recovery_pct"] is not None for row in group.rows[1:]):
             group.rows[0]["task_recovery_pct"] = 100.0
         groups.append(group)

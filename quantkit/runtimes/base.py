@@ -4,10 +4,12 @@ The scoring contract is one a top-k-only runtime can meet (vLLM's prompt log-pro
 OpenAI-compatible endpoint): per predicted position the runtime returns the log-prob of the
 actual next token and its own ``top_k`` most likely tokens with their log-probs. A runtime
 that holds the full distribution (transformers, llama.cpp) sets ``scores_any_token`` and
-also returns the log-probs of ids it is asked about (the reference's top-k), which makes
-quantkit's KLD estimate exactly the top-k + residual-mass estimator; a top-k-only runtime's
-log-probs for the reference's ids are estimated from its own top-k
-(``quantkit.evals.quality``; docs/evaluation.md states the estimator and its error).
+also returns the log-probs of ids it is asked about (the reference's top-k and its tail
+sample), from which quantkit computes the KLD within ~1 % of the full-vocabulary value; it can
+also draw the tail sample itself (``tail_samples``, for the baseline reference). A top-k-only
+runtime's log-probs for the reference's ids are estimated from its own top-k and its KLD is
+the top-k + rest lower bound (``quantkit.evals.quality``; docs/evaluation.md states both
+estimators and their error).
 """
 
 from __future__ import annotations
@@ -43,6 +45,11 @@ class ScoreRequest:
     ids: np.ndarray
     top_k: int = 1
     reference_ids: np.ndarray | None = None  # [B, L-1, k]; only for runtimes with scores_any_token
+    # Also draw this many ids per position from the distribution outside the own top-k
+    # (systematic sampling, seeded): the baseline reference's tail sample. Full-distribution
+    # runtimes only.
+    tail_samples: int = 0
+    seed: int = 0
 
 
 @dataclass
@@ -55,6 +62,8 @@ class Scores:
     rest_logmass: np.ndarray | None = None  # float [B, L-1]: log(1 - Σ top-k q), when known
     reference_logprobs: np.ndarray | None = None  # float [B, L-1, k_ref]: log q of the asked ids
     reference_rest_logmass: np.ndarray | None = None  # float [B, L-1]: log(1 - Σ q of asked ids)
+    tail_ids: np.ndarray | None = None  # int [B, L-1, m]: ids drawn ∝ q outside the own top-k
+    tail_logprobs: np.ndarray | None = None  # float [B, L-1, m]: their log q
 
     def residual_logmass(self) -> np.ndarray:
         """log of the probability outside the own top-k: exact when the runtime gave it,
@@ -158,4 +167,28 @@ def scores_from_log_probs(log_probs: torch.Tensor, request: ScoreRequest) -> Sco
         asked = torch.as_tensor(request.reference_ids, dtype=torch.long)
         scores.reference_logprobs = lp.gather(-1, asked).numpy()
         scores.reference_rest_logmass = torch.logsumexp(lp.scatter(-1, asked, float("-inf")), dim=-1).numpy()
+    if request.tail_samples:
+        tail = sample_tail(lp, indices, request.tail_samples, request.seed)
+        scores.tail_ids = tail.to(torch.int32).numpy()
+        scores.tail_logprobs = lp.gather(-1, tail).numpy()
     return scores
+
+
+def sample_tail(log_probs: torch.Tensor, top_ids: torch.Tensor, samples: int, seed: int) -> torch.Tensor:
+    """``samples`` ids per position drawn from the distribution outside ``top_ids``
+    (renormalized), by systematic sampling: one uniform offset per position, then evenly spaced
+    points on the tail's cumulative distribution. Each draw is marginally distributed as the
+    tail, so a mean over the draws is an unbiased estimate of a tail expectation, with a lower
+    variance than independent draws. Deterministic given ``seed``. Returns int64 ``[B, L-1, m]``."""
+    import torch
+
+    generator = torch.Generator().manual_seed(seed)
+    rows = []
+    for row, top in zip(log_probs, top_ids, strict=True):  # one window at a time: float64 CDF [L-1, V]
+        probs = row.double().exp().scatter(-1, top.long(), 0.0)
+        cdf = probs.cumsum(-1)
+        offset = torch.rand(cdf.shape[0], 1, generator=generator, dtype=torch.float64)
+        points = (torch.arange(samples, dtype=torch.float64) + offset) / samples * cdf[:, -1:]
+        picked = torch.searchsorted(cdf, points).clamp(max=cdf.shape[-1] - 1)
+        rows.append(picked)
+    return torch.stack(rows)

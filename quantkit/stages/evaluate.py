@@ -25,7 +25,7 @@ class EvaluateStage(Stage[EvaluateResult]):
         return EvaluateResult.model_validate(data)
 
     def run(self, ctx: RunContext) -> StageOutput[EvaluateResult]:
-        from quantkit.evals.quality import baseline_metrics, per_window, score, summarize
+        from quantkit.evals.quality import baseline_metrics, kld_estimator, per_window, score, summarize
         from quantkit.runtimes import open_runtime
         from quantkit.runtimes.base import RuntimeSettings
         from quantkit.stages.reference import load_reference
@@ -44,12 +44,14 @@ class EvaluateStage(Stage[EvaluateResult]):
             runtime = open_runtime(kind, ctx.run.artifact_dir, settings)
             try:
                 scores = score(runtime, windows, reference, ctx.recipe.eval.batch_size, advance)
+                estimator = kld_estimator(runtime, reference)
             finally:
                 runtime.close()
         result = EvaluateResult(
             metrics=summarize(scores, baseline_metrics(reference)["ppl"]),
             window_scores=per_window(scores, reference),
             runtime=kind,
+            kld_estimator=estimator,
             seconds=round(time.perf_counter() - start, 3),
         )
         return StageOutput(result)

@@ -18,8 +18,8 @@ if TYPE_CHECKING:
 def reference_key(ctx: RunContext) -> str:
     from quantkit.evals import reference as ref
 
-    windows = ctx.tokens.eval_windows()
-    return ref.reference_key(ctx.source.fingerprint(), windows, ctx.recipe.eval.top_k, ctx.device)
+    windows, spec = ctx.tokens.eval_windows(), ctx.recipe.eval
+    return ref.reference_key(ctx.source.fingerprint(), windows, spec.top_k, ctx.device, spec.tail_samples)
 
 
 def load_reference(ctx: RunContext) -> Reference:
@@ -64,9 +64,9 @@ class ReferenceStage(Stage[ReferenceResult]):
                 trust_remote_code=ctx.settings.trust_remote_code,
             )
             runtime = HFRuntime.load(ctx.source.path, settings)
-            reference = ref.compute(
-                runtime, windows, ctx.recipe.eval.top_k, ctx.recipe.eval.batch_size, key, advance
-            )
+            spec = ctx.recipe.eval
+            shape = ref.ReferenceShape(spec.top_k, spec.batch_size, spec.tail_samples)
+            reference = ref.compute(runtime, windows, shape, key, advance)
             runtime.close()
         path = ref.save(reference)
         result = ReferenceResult(

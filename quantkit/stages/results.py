@@ -32,6 +32,7 @@ class EvaluateResult(StageResult):
     metrics: dict[str, float]
     window_scores: WindowScores
     runtime: str
+    kld_estimator: str | None = None
 
 
 class LmEvalResult(StageResult):

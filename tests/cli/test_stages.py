@@ -105,13 +105,18 @@ def test_a_toy_runtime_is_one_file_and_one_registry_line(tmp_path: Path, tiny_re
     RUNTIMES.register("toy", "toy_runtime:TopKOnlyRuntime")
     try:
         full, toy = tmp_path / "full", tmp_path / "toy"
-        assert run_cli(capsys, "quantize", tiny_recipe, "--out", full)[0] == 0
+        # the full path with the same estimator the toy gets (top-k + rest, no tail sample)
+        bound = ["--set", "eval.tail_samples=0"]
+        assert run_cli(capsys, "quantize", tiny_recipe, "--out", full, *bound)[0] == 0
         code, _, err = run_cli(capsys, "quantize", tiny_recipe, "--out", toy, "--set", "eval.runtime=toy")
         assert code == 0, err
     finally:
         RUNTIMES.unregister("toy")
     exact, estimated = manifest(full), manifest(toy)
     assert estimated["eval"]["runtime"] == "toy" and exact["eval"]["runtime"] == "hf"
+    assert estimated["eval"]["kld_estimator"] == exact["eval"]["kld_estimator"] == "top-k+rest"
+    code, out, _ = run_cli(capsys, "report", toy, "--format", "json")
+    assert code == 0 and "top-k + rest estimate, a lower bound" in out  # the report says so
     values = {name: entry["value"] for name, entry in estimated["metrics"]["quantized"].items()}
     reference = {name: entry["value"] for name, entry in exact["metrics"]["quantized"].items()}
     assert values["ppl"] == pytest.approx(reference["ppl"], rel=1e-6)

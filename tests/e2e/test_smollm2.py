@@ -147,30 +147,34 @@ def test_top_k_only_scoring_agrees_with_the_full_distribution_on_smollm2(
     fp8_run: Path, tmp_path: Path
 ) -> None:
     """The same FP8 artifact scored through the endpoint-style contract (tests/toy_runtime.py:
-    its own top-k only, no residual mass, no log-probs of asked-for ids) against the full path
-    (transformers answering for the reference's top-k ids). Perplexity and top-1 are exact; the
-    KLD estimate (top-32) was 0.02430 against 0.02465 on 8 x 256 tokens (1.4 % low, measured
-    2026-12-03); the tolerance is twice that."""
+    its own top-k only, no residual mass, no log-probs of asked-for ids) against the full path.
+    Perplexity and top-1 are exact. Its KLD is the top-k + rest estimate: measured 2026-12-03
+    (8 x 256 tokens, k = 32) 0.02430 against 0.02465 for the same estimator on the full path
+    (1.4 % low; tolerance 3 %), and 0.78x the sampled-tail KLD (the full-vocabulary figure
+    within 2 %), the bias docs/evaluation.md states."""
+    from quantkit.fileio import file_sha256
     from quantkit.runtimes import RUNTIMES
 
+    toy, bound = tmp_path / "toy", tmp_path / "bound"
     RUNTIMES.register("toy", "toy_runtime:TopKOnlyRuntime")
     try:
-        out = tmp_path / "toy"
-        assert main(["quantize", "fp8-dynamic", "--out", str(out), *BUDGET, "--set", "eval.runtime=toy"]) == 0
+        assert main(["quantize", "fp8-dynamic", "--out", str(toy), *BUDGET, "--set", "eval.runtime=toy"]) == 0
     finally:
         RUNTIMES.unregister("toy")
-    full, toy = _manifest(fp8_run), _manifest(out)
-    assert toy["eval"]["reference_cached"] is True
-    from quantkit.fileio import file_sha256
-
+    no_tail = ["--set", "eval.tail_samples=0"]
+    assert main(["quantize", "fp8-dynamic", "--out", str(bound), *BUDGET, *no_tail]) == 0
     weights = "artifact/model.safetensors"
-    assert file_sha256(out / weights) == file_sha256(fp8_run / weights)  # the same artifact
-    exact = {k: v["value"] for k, v in full["metrics"]["quantized"].items()}
-    estimated = {k: v["value"] for k, v in toy["metrics"]["quantized"].items()}
-    print("top-k-only vs full:", {k: (estimated[k], exact[k]) for k in ("kld_mean", "kld_p99", "ppl")})
-    assert estimated["ppl"] == pytest.approx(exact["ppl"], rel=1e-9)
-    assert estimated["top1_agreement_pct"] == exact["top1_agreement_pct"]
-    assert estimated["kld_mean"] == pytest.approx(exact["kld_mean"], rel=TOPK_ONLY_KLD_REL)
+    assert file_sha256(toy / weights) == file_sha256(fp8_run / weights) == file_sha256(bound / weights)
+    assert _manifest(toy)["eval"]["reference_cached"] is True  # fp8_run's reference, tail and all
+    values = {
+        name: {k: v["value"] for k, v in _manifest(run)["metrics"]["quantized"].items()}
+        for name, run in (("sampled", fp8_run), ("bound", bound), ("toy", toy))
+    }
+    print("top-k-only vs full:", {name: (v["kld_mean"], v["ppl"]) for name, v in values.items()})
+    assert values["toy"]["ppl"] == pytest.approx(values["sampled"]["ppl"], rel=1e-9)
+    assert values["toy"]["top1_agreement_pct"] == values["sampled"]["top1_agreement_pct"]
+    assert values["toy"]["kld_mean"] == pytest.approx(values["bound"]["kld_mean"], rel=TOPK_ONLY_KLD_REL)
+    assert 0.70 < values["toy"]["kld_mean"] / values["sampled"]["kld_mean"] < 0.86
 
 
 TOPK_ONLY_KLD_REL = 0.03
