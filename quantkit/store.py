@@ -275,8 +275,31 @@ def write_manifest(folder: RunWriter | RunUpdater, manifest: Manifest) -> Path:
     return folder.write_text(MANIFEST, manifest.model_dump_json(indent=2) + "\n")
 
 
+def _file_kind(path: Path) -> str:
+    """What a file given where a run folder belongs looks like (for the error message)."""
+    try:
+        with path.open("rb") as handle:
+            magic = handle.read(4)
+    except OSError:
+        return "a file"
+    if magic == b"GGUF":
+        return "a GGUF file"
+    if path.suffix == ".safetensors":
+        return "a safetensors file"
+    if path.name == MANIFEST:
+        return "a run's manifest file (give its folder)"
+    return "a file"
+
+
 def load_run(path: Path) -> RunRecord:
     """Read a finished run folder; partial, foreign or damaged folders are refused."""
+    if path.is_file():
+        kind = _file_kind(path)
+        raise RunNotFoundError(
+            f"'{path}' is {kind}, not a run folder",
+            "give a folder made by quantkit quantize (to measure a model file, quantize its source: "
+            "quantkit quantize RECIPE --model SOURCE)",
+        )
     if not path.is_dir():
         raise RunNotFoundError(f"run '{path}' not found", "give a run folder made by quantkit quantize")
     manifest_path = path / MANIFEST

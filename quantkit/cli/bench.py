@@ -13,7 +13,7 @@ from quantkit.device import DeviceChoice
 
 
 def bench(
-    runs: list[Path] = typer.Argument(..., help="run folders made by quantkit quantize"),
+    runs: list[Path] = typer.Argument(..., help="run folders made by quantkit quantize", metavar="RUN"),
     price_per_hour: float | None = typer.Option(
         None, "--price-per-hour", help="USD per device-hour, for cost"
     ),

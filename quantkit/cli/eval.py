@@ -17,7 +17,7 @@ if TYPE_CHECKING:
 
 
 def eval_tasks(
-    runs: list[Path] = typer.Argument(..., help="run folders made by quantkit quantize"),
+    runs: list[Path] = typer.Argument(..., help="run folders made by quantkit quantize", metavar="RUN"),
     tasks: str = typer.Option("quantkit_cloze", "--tasks", "-t", help="comma-separated lm-eval task names"),
     num_fewshot: int | None = typer.Option(None, "--num-fewshot"),
     limit: float | None = typer.Option(None, "--limit", help="documents per task (or a fraction < 1)"),

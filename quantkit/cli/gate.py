@@ -61,7 +61,7 @@ def _bytes(value: str | None, name: str) -> int | None:
 
 
 def gate(
-    runs: list[Path] = typer.Argument(..., help="run folders made by quantkit quantize"),
+    runs: list[Path] = typer.Argument(..., help="run folders made by quantkit quantize", metavar="RUN"),
     gate_file: Path | None = typer.Option(
         None, "--gate-file", help="YAML mapping of gate fields (overrides the recipe's gates; see docs/ci.md)"
     ),

@@ -55,7 +55,7 @@ def show(
 
 @app.command("validate")
 def validate(
-    recipes: list[Path] = typer.Argument(..., help="recipe files to check"),
+    recipes: list[Path] = typer.Argument(..., help="recipe files to check", metavar="RECIPE"),
     overrides: list[str] = typer.Option([], "--set", "-s", help="override a field: key.sub=value"),
     output_format: OutputFormat = FormatOption,
 ) -> None:

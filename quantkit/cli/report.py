@@ -21,7 +21,7 @@ _WRITERS = {
 
 
 def report(
-    runs: list[Path] = typer.Argument(..., help="run folders made by quantkit quantize"),
+    runs: list[Path] = typer.Argument(..., help="run folders made by quantkit quantize", metavar="RUN"),
     outputs: list[Path] = typer.Option(
         [], "--output", "-o", help="write the report: .md, .json or .html (repeatable)"
     ),

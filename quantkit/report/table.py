@@ -37,6 +37,7 @@ COLUMNS: list[tuple[str, str]] = [
 
 # Shown only when at least one row has a value (benchmark and lm-eval stages are optional).
 OPTIONAL_COLUMNS: list[tuple[str, str]] = [
+    ("convert_s", "convert s"),
     ("peak_memory_bytes", "peak mem"),
     ("prefill_tok_s", "prefill tok/s"),
     ("decode_tok_s", "decode tok/s"),
@@ -138,9 +139,21 @@ def _baseline_row(record: RunRecord, index: int) -> Row:
     return row
 
 
+def _conversion_seconds(details: dict[str, JsonValue]) -> float | None:
+    """The one-off F16 GGUF conversion inside a GGUF run's quantize stage (None: cached)."""
+    source = details.get("source_gguf")
+    seconds = source.get("conversion_s") if isinstance(source, dict) else None
+    return float(seconds) if isinstance(seconds, (int, float)) else None
+
+
+def _quantize_seconds(total: float | None, convert: float | None) -> float | None:
+    return None if total is None else round(max(total - (convert or 0.0), 0.0), 3)
+
+
 def _run_row(record: RunRecord, index: int) -> Row:
     manifest = record.manifest
     artifact = manifest.artifact
+    convert = _conversion_seconds(artifact.details)
     quantized = manifest.metrics.values("quantized")
     row: Row = {
         "name": manifest.display_name,
@@ -150,14 +163,15 @@ def _run_row(record: RunRecord, index: int) -> Row:
         "weight_bits": artifact.weight_bits,
         "file_bpw": artifact.file_bpw,
         "disk_bytes": artifact.disk_bytes,
-        "quantize_s": manifest.timings.get("quantize_s"),
+        "quantize_s": _quantize_seconds(manifest.timings.get("quantize_s"), convert),
+        "convert_s": convert,
         "path": str(record.path),
         "model": manifest.model.spec,
         "group": index,
         "gate_passed": None if manifest.gate is None else manifest.gate.passed,
     }
     for key in (*_QUALITY, *(key for key, _ in OPTIONAL_COLUMNS)):
-        row[key] = quantized.get(key)
+        row.setdefault(key, quantized.get(key))  # convert_s comes from the artifact, not a metric
     return row
 
 
@@ -213,6 +227,6 @@ def format_cell(key: str, value: JsonValue) -> str:
         return f"{value / 1e6:.1f} MB"
     if key in ("weight_bits", "file_bpw"):
         return f"{round(float(value), 2):g}"
-    if key == "quantize_s":
+    if key in ("quantize_s", "convert_s"):
         return f"{value:.1f}"
     return str(value)

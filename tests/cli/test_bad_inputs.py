@@ -413,3 +413,18 @@ def test_the_interrupted_hint_promises_only_what_the_command_keeps(argv: list[st
     hint = interrupted_hint(argv)
     assert promise in hint
     assert ("resume" in hint) == (argv[0] == "quantize")
+
+
+@pytest.mark.parametrize("command", ["eval", "bench", "report", "gate"])
+def test_a_model_file_where_a_run_belongs_is_named(tmp_path: Path, command: str) -> None:
+    model = tmp_path / "model.gguf"
+    model.write_bytes(b"GGUF" + bytes(60))
+    result = quantkit(command, model, cwd=tmp_path)
+    assert_clean_failure(result, "is a GGUF file, not a run folder", tmp_path)
+    assert "quantkit quantize" in result.stderr
+
+
+def test_help_names_the_run_arguments(tmp_path: Path) -> None:
+    for command in ("eval", "bench", "report", "gate"):
+        usage = quantkit(command, "--help", cwd=tmp_path).stdout
+        assert "{RUN}..." in usage and "{runs}" not in usage, command

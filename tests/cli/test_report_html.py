@@ -278,3 +278,19 @@ def test_a_schema_1_run_still_loads_reports_and_gates(tmp_path: Path, capsys) ->
     code, out, _ = run_cli(capsys, "gate", run, "--max-kld", "1e-6", "--format", "json")
     assert code == 1 and json.loads(out)["passed"] is False
     assert json.loads((run / "manifest.json").read_text())["schema_version"] == 1  # read, not rewritten
+
+
+def test_a_gguf_runs_one_off_conversion_has_its_own_column() -> None:
+    """The F16 conversion (once per model, then cached) is not counted as quantization time."""
+    from quantkit.report import table
+
+    converted = synthetic_record("q8", "Q8_0", {"kld_mean": 0.01}, {"ppl": 10.0})
+    converted.manifest.artifact.details["source_gguf"] = {"path": "/c/f16.gguf", "conversion_s": 50.0}
+    converted.manifest.timings["quantize_s"] = 57.5
+    cached = synthetic_record("q4", "Q4_K_M", {"kld_mean": 0.05}, {"ppl": 10.0})
+    cached.manifest.artifact.details["source_gguf"] = {"path": "/c/f16.gguf", "conversion_s": None}
+    cached.manifest.timings["quantize_s"] = 7.4
+    comparison = table.build([converted, cached])
+    rows = comparison.to_json()["rows"]
+    assert [(r["quantize_s"], r["convert_s"]) for r in rows] == [(None, None), (7.5, 50.0), (7.4, None)]
+    assert ("convert_s", "convert s") in comparison.columns()
