@@ -156,6 +156,7 @@ def build_manifest(ctx: RunContext, header: RunHeader) -> Manifest:
             runtime=evaluation.runtime,
             tail_samples=ctx.recipe.eval.tail_samples if evaluation.kld_estimator == "sampled-tail" else 0,
             kld_estimator=evaluation.kld_estimator,
+            score=ctx.recipe.eval.score,
         ),
         baseline=BaselineInfo(dtype=dtype, weight_bits=dtype_bits(dtype)),
         artifact=results.require("quantize", QuantizeResult).artifact,

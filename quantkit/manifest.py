@@ -73,6 +73,7 @@ class EvalInfo(WindowsInfo):
     tail_samples: int = 0  # baseline tail ids per position for the KLD (schema 2)
     # "sampled-tail" (top-k exact + sampled tail) or "top-k+rest" (a lower bound); None: schema 1
     kld_estimator: str | None = None
+    score: str = "all"  # the positions scored: all | second_half (schema 2)
 
 
 class BaselineInfo(Record):

@@ -6,6 +6,8 @@ pulling in recipe loading.
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import BaseModel, ConfigDict, Field
 
 
@@ -46,6 +48,11 @@ class EvalSpec(TextSource):
         description="ids drawn per position from the baseline's tail for the KLD (0: top-k + rest bound)",
     )
     batch_size: int = Field(4, ge=1, le=1024)
+    score: Literal["all", "second_half"] = Field(
+        "all",
+        description="positions scored: every prediction in a window, or its second half only "
+        "(llama-perplexity's protocol: each scored token has at least seq_len/2 tokens of context)",
+    )
     runtime: str | None = Field(
         None, description="score the artifact in this runtime (default: the artifact's own)"
     )

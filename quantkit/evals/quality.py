@@ -47,6 +47,27 @@ class PositionScores:
     top1_match: np.ndarray
     delta_p: np.ndarray
 
+    def at(self, positions: slice) -> PositionScores:
+        """Only the predicted ``positions`` of every window (see ``scored_positions``)."""
+        return PositionScores(
+            self.nll[:, positions],
+            self.kld[:, positions],
+            self.top1_match[:, positions],
+            self.delta_p[:, positions],
+        )
+
+
+def scored_positions(protocol: str, seq_len: int) -> slice:
+    """The predicted positions a protocol scores, as a slice of the ``L - 1`` predictions of a
+    window (index j predicts token j + 1). ``all``: every one. ``second_half``: j from L/2 to
+    L - 2, llama-perplexity's choice (``first = n_ctx/2``), so each scored token has at least
+    half a window of context."""
+    if protocol == "all":
+        return slice(0, None)
+    if protocol == "second_half":
+        return slice(seq_len // 2, None)
+    raise ValueError(f"unknown scoring protocol {protocol!r}")
+
 
 def estimated_reference_logprobs(scores: Scores, reference_ids: np.ndarray) -> np.ndarray:
     """log q of the reference's ids from a runtime's own top-k only.

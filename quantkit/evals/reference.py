@@ -39,6 +39,22 @@ class Reference:
     def top_k(self) -> int:
         return int(self.topk_ids.shape[-1])
 
+    def at(self, positions: slice) -> Reference:
+        """The reference at the predicted ``positions`` of every window only."""
+
+        def cut(array: np.ndarray | None) -> np.ndarray | None:
+            return None if array is None else array[:, positions]
+
+        return Reference(
+            topk_logprobs=self.topk_logprobs[:, positions],
+            topk_ids=self.topk_ids[:, positions],
+            rest_logmass=self.rest_logmass[:, positions],
+            target_logprobs=self.target_logprobs[:, positions],
+            key=self.key,
+            tail_ids=cut(self.tail_ids),
+            tail_logprobs=cut(self.tail_logprobs),
+        )
+
     @property
     def tail_samples(self) -> int:
         return 0 if self.tail_ids is None else int(self.tail_ids.shape[-1])

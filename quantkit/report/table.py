@@ -108,7 +108,10 @@ class Comparison:
 def baseline_key(record: RunRecord) -> tuple[str, str, str, str]:
     """What makes two runs share a baseline."""
     manifest = record.manifest
-    return (manifest.model.fingerprint, manifest.device, manifest.eval.hash, manifest.baseline.dtype)
+    eval_key = (
+        manifest.eval.hash if manifest.eval.score == "all" else f"{manifest.eval.hash}:{manifest.eval.score}"
+    )
+    return (manifest.model.fingerprint, manifest.device, eval_key, manifest.baseline.dtype)
 
 
 def _baseline_row(record: RunRecord, index: int) -> Row:

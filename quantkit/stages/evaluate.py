@@ -25,7 +25,14 @@ class EvaluateStage(Stage[EvaluateResult]):
         return EvaluateResult.model_validate(data)
 
     def run(self, ctx: RunContext) -> StageOutput[EvaluateResult]:
-        from quantkit.evals.quality import baseline_metrics, kld_estimator, per_window, score, summarize
+        from quantkit.evals.quality import (
+            baseline_metrics,
+            kld_estimator,
+            per_window,
+            score,
+            scored_positions,
+            summarize,
+        )
         from quantkit.runtimes import open_runtime
         from quantkit.runtimes.base import RuntimeSettings
         from quantkit.stages.reference import load_reference
@@ -47,6 +54,8 @@ class EvaluateStage(Stage[EvaluateResult]):
                 estimator = kld_estimator(runtime, reference)
             finally:
                 runtime.close()
+        positions = scored_positions(ctx.recipe.eval.score, windows.seq_len)
+        scores, reference = scores.at(positions), reference.at(positions)
         result = EvaluateResult(
             metrics=summarize(scores, baseline_metrics(reference)["ppl"]),
             window_scores=per_window(scores, reference),

@@ -45,7 +45,7 @@ class ReferenceStage(Stage[ReferenceResult]):
 
     def run(self, ctx: RunContext) -> StageOutput[ReferenceResult]:
         from quantkit.evals import reference as ref
-        from quantkit.evals.quality import baseline_metrics
+        from quantkit.evals.quality import baseline_metrics, scored_positions
         from quantkit.runtimes.base import RuntimeSettings
         from quantkit.runtimes.hf import HFRuntime
 
@@ -53,7 +53,8 @@ class ReferenceStage(Stage[ReferenceResult]):
         cached = ref.load_cached(key)
         if cached is not None:
             ctx.reporter.log(f"baseline reference: cached ({key[:12]})")
-            result = ReferenceResult(key=key, cached=True, baseline=baseline_metrics(cached))
+            positions = scored_positions(ctx.recipe.eval.score, ctx.recipe.eval.seq_len)
+            result = ReferenceResult(key=key, cached=True, baseline=baseline_metrics(cached.at(positions)))
             return StageOutput(result, [ref.cache_path(key)])
         windows = ctx.tokens.eval_windows()
         start = time.perf_counter()
@@ -72,7 +73,7 @@ class ReferenceStage(Stage[ReferenceResult]):
         result = ReferenceResult(
             key=key,
             cached=False,
-            baseline=baseline_metrics(reference),
+            baseline=baseline_metrics(reference.at(scored_positions(spec.score, spec.seq_len))),
             seconds=round(time.perf_counter() - start, 3),
         )
         return StageOutput(result, [path])

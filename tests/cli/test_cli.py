@@ -304,3 +304,26 @@ def test_per_window_scores_reproduce_the_metrics(finished_run: Path) -> None:
     assert sum(kld) / len(kld) == pytest.approx(
         manifest["metrics"]["quantized"]["kld_mean"]["value"], rel=1e-6
     )
+
+
+def test_second_half_protocol_is_recorded_and_reported_against_its_own_baseline(
+    tmp_path: Path, tiny_recipe: Path, capsys
+) -> None:
+    full, half = tmp_path / "full", tmp_path / "half"
+    assert main(["quantize", str(tiny_recipe), "--out", str(full)]) == 0
+    assert main(["quantize", str(tiny_recipe), "--out", str(half), "--set", "eval.score=second_half"]) == 0
+    a, b = (json.loads((run / "manifest.json").read_text()) for run in (full, half))
+    assert (a["eval"]["score"], b["eval"]["score"]) == ("all", "second_half")
+    assert b["eval"]["reference_cached"] is True  # one reference serves both protocols
+    # 4 windows of 64 tokens: 63 predictions each, of which positions 32..62 (31) are scored
+    assert (a["metrics"]["quantized"]["tokens"]["value"], b["metrics"]["quantized"]["tokens"]["value"]) == (
+        4 * 63,
+        4 * 31,
+    )
+    assert a["metrics"]["baseline"]["ppl"]["value"] != b["metrics"]["baseline"]["ppl"]["value"]
+    capsys.readouterr()
+    assert main(["report", str(full), str(half), "--format", "json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert len(report["groups"]) == 2 and [row["name"] for row in report["rows"]].count("baseline") == 2
+    code = main(["quantize", str(tiny_recipe), "--out", str(tmp_path / "x"), "--set", "eval.score=half"])
+    assert code == 2

@@ -172,3 +172,23 @@ def test_reference_cache_keeps_the_tail_sample(setup) -> None:
     p = _log_probs(runtime, windows.ids)
     assert np.allclose(cached.tail_logprobs, p.gather(-1, torch.as_tensor(cached.tail_ids).long()).numpy())
     assert not (cached.tail_ids[..., :, None] == cached.topk_ids[..., None, :]).any()
+
+
+def test_second_half_scores_what_llama_perplexity_scores(setup) -> None:
+    """llama-perplexity scores logits j = n_ctx/2 .. n_ctx-2 of each chunk (token j + 1):
+    n_ctx/2 - 1 predictions; the baseline ppl is over exactly those tokens."""
+    from quantkit.evals.quality import scored_positions
+
+    runtime, windows = setup
+    positions = scored_positions("second_half", 48)
+    assert list(range(47))[positions] == list(range(24, 47))
+    reference = ref.compute(runtime, windows, ref.ReferenceShape(8, 3), key="half").at(positions)
+    p = _log_probs(runtime, windows.ids)
+    targets = torch.as_tensor(windows.ids)[:, 1:, None]
+    nll = -p.gather(-1, targets).squeeze(-1)[:, 24:]
+    assert baseline_metrics(reference)["tokens"] == 3 * 23
+    assert baseline_metrics(reference)["ppl"] == pytest.approx(math.exp(nll.double().mean().item()), rel=1e-5)
+    scored = score(
+        _tempered(runtime, 0.7), windows, ref.compute(runtime, windows, ref.ReferenceShape(8, 3), key="h"), 3
+    )
+    assert scored.at(positions).kld.shape == (3, 23)
