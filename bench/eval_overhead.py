@@ -25,6 +25,7 @@ def main() -> None:
     parser.add_argument("--seq-len", type=int, default=512)
     parser.add_argument("--batch-size", type=int, default=4)
     parser.add_argument("--top-k", type=int, default=32)
+    parser.add_argument("--tail-samples", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--out", type=Path, default=HERE / "results" / "eval_overhead.json")
     args = parser.parse_args()
@@ -47,7 +48,8 @@ def main() -> None:
     tokenizer = AutoTokenizer.from_pretrained(source.path)
     windows = eval_windows(EvalSpec(num_windows=args.windows, seq_len=args.seq_len), tokenizer)
     runtime = HFRuntime.load(source.path, RuntimeSettings(device="cpu", context_length=args.seq_len))
-    reference = ref.compute(runtime, windows, ref.ReferenceShape(args.top_k, args.batch_size), "bench")
+    shape = ref.ReferenceShape(args.top_k, args.batch_size, args.tail_samples)
+    reference = ref.compute(runtime, windows, shape, "bench")
     ids = torch.as_tensor(windows.ids)
 
     def bare() -> None:
@@ -75,6 +77,7 @@ def main() -> None:
         "seq_len": args.seq_len,
         "batch_size": args.batch_size,
         "top_k": args.top_k,
+        "tail_samples": args.tail_samples,
         "repeats": args.repeats,
         "bare_forward_s": bare_s,
         "quantkit_eval_s": eval_s,
