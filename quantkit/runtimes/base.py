@@ -183,12 +183,16 @@ def sample_tail(log_probs: torch.Tensor, top_ids: torch.Tensor, samples: int, se
     import torch
 
     generator = torch.Generator().manual_seed(seed)
+    steps = torch.arange(samples, dtype=torch.float64)
+    chunk = max(1, (1 << 24) // log_probs.shape[-1])  # positions per float64 CDF (~128 MB)
     rows = []
-    for row, top in zip(log_probs, top_ids, strict=True):  # one window at a time: float64 CDF [L-1, V]
-        probs = row.double().exp().scatter(-1, top.long(), 0.0)
-        cdf = probs.cumsum(-1)
-        offset = torch.rand(cdf.shape[0], 1, generator=generator, dtype=torch.float64)
-        points = (torch.arange(samples, dtype=torch.float64) + offset) / samples * cdf[:, -1:]
-        picked = torch.searchsorted(cdf, points).clamp(max=cdf.shape[-1] - 1)
-        rows.append(picked)
+    for row, top in zip(log_probs, top_ids, strict=True):
+        picked = []
+        for start in range(0, row.shape[0], chunk):
+            part = slice(start, start + chunk)
+            cdf = row[part].double().exp().scatter(-1, top[part].long(), 0.0).cumsum(-1)
+            offset = torch.rand(cdf.shape[0], 1, generator=generator, dtype=torch.float64)
+            points = (steps + offset) / samples * cdf[:, -1:]
+            picked.append(torch.searchsorted(cdf, points).clamp(max=cdf.shape[-1] - 1))
+        rows.append(torch.cat(picked))
     return torch.stack(rows)

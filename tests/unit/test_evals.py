@@ -126,12 +126,12 @@ def test_reference_cache_roundtrip(setup) -> None:
 def test_sampled_tail_kld_agrees_with_the_full_vocabulary_kld(setup) -> None:
     """Top-k exact plus the sampled tail against KL computed here over the whole vocabulary;
     the top-k + rest bound (no tail sample) reads lower. The tiny model is a hard case: its
-    tail holds 93 % of p and contributes a negative share that cancels most of the top-k
-    part, so over its 141 positions the estimate spreads by about ±5 % between sample seeds
-    (0.94-1.02 measured at m = 64-512); the seed comes from the key, so this test is
-    deterministic. The 2 % agreement on a real model is tests/e2e/test_gguf_smollm2.py."""
+    tail holds 93 % of p. Over its 141 positions the estimate at m = 64 spread over
+    0.992-1.018x of the exact value for five sample seeds (measured); the seed comes from
+    the key, so this test is deterministic. The 2 % agreement on a real model is in
+    tests/e2e/test_gguf_smollm2.py."""
     runtime, windows = setup
-    sampled = ref.compute(runtime, windows, ref.ReferenceShape(16, 3, tail_samples=512), key="tail")
+    sampled = ref.compute(runtime, windows, ref.ReferenceShape(16, 3, tail_samples=64), key="tail")
     bound = ref.compute(runtime, windows, ref.ReferenceShape(16, 3), key="bound")
     p, q = _log_probs(runtime, windows.ids), _log_probs(runtime, windows.ids, 0.7)
     exact = (p.exp() * (p - q)).sum(-1).double().mean().item()
@@ -139,7 +139,7 @@ def test_sampled_tail_kld_agrees_with_the_full_vocabulary_kld(setup) -> None:
     estimate = score(other, windows, sampled, 3).kld.mean()
     lower = score(other, windows, bound, 3).kld.mean()
     print(f"tiny model, k=16: exact {exact:.5f}, sampled tail {estimate:.5f}, top-k+rest {lower:.5f}")
-    assert estimate == pytest.approx(exact, rel=0.05)
+    assert estimate == pytest.approx(exact, rel=0.03)
     assert lower < 0.6 * exact  # measured 0.47 of the exact value
     assert score(runtime, windows, sampled, 3).kld.mean() == pytest.approx(0.0, abs=1e-6)
 
