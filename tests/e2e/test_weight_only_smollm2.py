@@ -33,7 +33,7 @@ def runs(session_cache: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[
     manifests = {}
     for name, args in plan.items():
         out = root / name
-        # GPTQ and AWQ pass their recipe gate (max_kld 0.25); RTN's recipe has none: all exit 0
+        # GPTQ and AWQ pass their recipe gate (max_kld 0.35; GPTQ measured 0.256); RTN has none: exit 0
         assert main(["quantize", args[0], "--out", str(out), *E2E_BUDGET, *args[1:]]) == 0
         manifests[name] = json.loads((out / "manifest.json").read_text()) | {"_path": str(out)}
     return manifests
