@@ -134,6 +134,7 @@ def build_manifest(ctx: RunContext, header: RunHeader) -> Manifest:
     return Manifest(
         schema_version=MANIFEST_SCHEMA,
         status="complete",
+        kind=ctx.backend.run_kind,
         run_id=header.run_id,
         name=header.name,
         created=header.created,

@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, JsonValue
 from quantkit.gate import GateResult
 from quantkit.metrics import metric_info
 from quantkit.recipe import Recipe
-from quantkit.specs import LmEvalSpec
+from quantkit.specs import LmEvalSpec, RunKind
 
 MANIFEST_SCHEMA = 2
 READABLE_SCHEMAS = (1, 2)
@@ -190,6 +190,7 @@ class Manifest(Record):
 
     schema_version: int
     status: Literal["complete"]
+    kind: RunKind = "quantized"  # "external": an existing artifact evaluated, not made here
     run_id: str
     name: str | None = None  # what the run is: the recipe's name, plus option overrides
     created: str

@@ -34,6 +34,7 @@ from quantkit.store import (
 )
 
 if TYPE_CHECKING:
+    from quantkit.backends.base import Backend, BackendOptions
     from quantkit.gate import GateResult
     from quantkit.journal import Journal
     from quantkit.manifest import ResumeInfo
@@ -132,13 +133,16 @@ def _run_quantize(request: QuantizeRequest, reporter: Reporter) -> RunResult:
     }
     name = request.name or recipe.name
     final_dir = _final_dir(request, identity, name)
+    inputs = backend.inputs()  # an external artifact: never written to, and its size counts
+    needed = max(source.disk_bytes(), sum(path.stat().st_size for path in inputs))
     # the artifact is never larger than the source weights; 10% on top for tokenizer, reports
     check_output(
-        final_dir, request.overwrite, protected=[source.path], required_bytes=int(1.1 * source.disk_bytes())
+        final_dir, request.overwrite, protected=[source.path, *inputs], required_bytes=int(1.1 * needed)
     )
     tokens = Tokens(recipe, source, backend.requires_calibration(), request.trust_remote_code)
     with reporter.stage("tokenizing evaluation text"):
         windows = tokens.eval_windows()
+    backend.check_vocabulary(tokens.tokenizer(), windows.ids.ravel().tolist())
     calibration = None
     if tokens.needs_calibration:
         with reporter.stage("tokenizing calibration text"):
@@ -148,7 +152,8 @@ def _run_quantize(request: QuantizeRequest, reporter: Reporter) -> RunResult:
         raise OutputError(f"another quantkit process is writing '{final_dir}'", "wait for it to finish")
     writer = RunWriter(final_dir, overwrite=request.overwrite)
     try:
-        journal = writer.open_journal(identity, _fingerprint(identity, source, calibration, windows))
+        fingerprint = _fingerprint(identity, source, calibration, windows) | _inputs_fingerprint(backend)
+        journal = writer.open_journal(identity, fingerprint)
     except BaseException:
         writer.release()  # an earlier run's kept stages are left exactly as they were
         raise
@@ -233,6 +238,11 @@ def _fingerprint(
         "eval_hash": windows.hash,
         "libraries": libraries,
     }
+
+
+def _inputs_fingerprint(backend: Backend[BackendOptions]) -> dict[str, JsonValue]:
+    inputs = backend.input_fingerprint()
+    return {"inputs": inputs} if inputs else {}
 
 
 def _bench_enabled(request: QuantizeRequest) -> bool:

@@ -250,3 +250,16 @@ def load_recipe_and_base(ref: str | Path, overrides: list[str] | None = None) ->
     except RecipeError as err:
         raise RecipeError(f"{path.name}: {err.message}", err.hint) from None
     return recipe, base
+
+
+def external_recipe(artifact: str, base: str | Path | None, overrides: list[str]) -> Recipe:
+    """The recipe of an external artifact's evaluation: the eval, gates, bench and evals of
+    the ``base`` recipe (default: the defaults, no gates) around method ``external``."""
+    raw: dict[str, JsonValue] = load_raw(resolve_recipe_path(base)) if base is not None else {}
+    raw = {key: value for key, value in raw.items() if key not in ("description", "options")}
+    raw |= {"name": "external", "method": "external", "options": {"artifact": artifact}, "calibration": None}
+    try:
+        return validate_recipe(apply_overrides(raw, overrides))
+    except RecipeError as err:
+        where = f"{resolve_recipe_path(base).name}: " if base is not None else ""
+        raise RecipeError(f"{where}{err.message}", err.hint) from None

@@ -10,6 +10,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+RunKind = Literal["quantized", "external"]  # made by a backend, or an existing artifact imported
+
 
 class StrictModel(BaseModel):
     """Base for every recipe section: unknown fields are errors."""

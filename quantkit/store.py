@@ -297,8 +297,8 @@ def load_run(path: Path) -> RunRecord:
         kind = _file_kind(path)
         raise RunNotFoundError(
             f"'{path}' is {kind}, not a run folder",
-            "give a folder made by quantkit quantize (to measure a model file, quantize its source: "
-            "quantkit quantize RECIPE --model SOURCE)",
+            "give a folder made by quantkit quantize; to evaluate a model file against its source: "
+            "quantkit eval --baseline SOURCE FILE",
         )
     if not path.is_dir():
         raise RunNotFoundError(f"run '{path}' not found", "give a run folder made by quantkit quantize")

@@ -14,6 +14,7 @@ BACKENDS: Registry[type[Backend[BackendOptions]]] = Registry(
     "method",
     {
         "awq": "quantkit.backends.awq:AWQBackend",
+        "external": "quantkit.backends.external:ExternalBackend",
         "fp8": "quantkit.backends.fp8:FP8Backend",
         "gguf": "quantkit.backends.gguf:GGUFBackend",
         "gptq": "quantkit.backends.gptq:GPTQBackend",

@@ -7,14 +7,18 @@ own options type back from ``self.options``, validated once by ``Backend.from_ra
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar, Generic, TypeVar, cast
 
 from pydantic import BaseModel, ConfigDict, JsonValue
 
+from quantkit.specs import RunKind
+
 if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
     from quantkit.tokens import TokenWindows
 
 
@@ -70,6 +74,7 @@ class Backend(ABC, Generic[OptionsT_co]):
     options_model: ClassVar[type[BackendOptions]]
     runtime: ClassVar[str] = "hf"
     library: ClassVar[str] = ""
+    run_kind: ClassVar[RunKind] = "quantized"  # "external": the artifact was imported, not made
 
     def __init__(self, options: OptionsT_co) -> None:
         self._options = options
@@ -103,6 +108,18 @@ class Backend(ABC, Generic[OptionsT_co]):
     @abstractmethod
     def quantize(self, job: QuantizeJob) -> Artifact:
         """Quantize ``job.model_path`` into ``job.out_dir`` and describe the artifact."""
+
+    def inputs(self) -> list[Path]:
+        """Files the backend reads besides the model (never written to; their size counts)."""
+        return []
+
+    def input_fingerprint(self) -> dict[str, JsonValue]:
+        """What a resumed run must share about ``inputs()`` (beyond the recipe)."""
+        return {}
+
+    def check_vocabulary(self, tokenizer: PreTrainedTokenizerBase, token_ids: Sequence[int]) -> None:
+        """Refuse an input whose token ids mean something else than the baseline's."""
+        return None
 
     def runtime_baseline(self, model_path: Path, log: Callable[[str], None]) -> Path | None:
         """The unquantized model in this backend's runtime when that is not transformers (the

@@ -1,4 +1,5 @@
-"""`quantkit eval RUN --tasks ...`: lm-eval task accuracy and recovery for stored runs."""
+"""`quantkit eval RUN --tasks ...`: lm-eval task accuracy and recovery for stored runs;
+`quantkit eval --baseline MODEL ARTIFACT...`: any artifact scored against a baseline."""
 
 from __future__ import annotations
 
@@ -11,36 +12,91 @@ from pydantic import JsonValue
 from quantkit.cli.common import FormatOption, device_option, device_value
 from quantkit.cli.output import OutputFormat, RichReporter, emit_json, stderr, stdout
 from quantkit.device import DeviceChoice
+from quantkit.errors import UserInputError
 
 if TYPE_CHECKING:
     from quantkit.manifest import TaskResult
+    from quantkit.specs import LmEvalSpec
+    from quantkit.store import RunRecord
+
+DEFAULT_TASKS = "quantkit_cloze"
 
 
 def eval_tasks(
-    runs: list[Path] = typer.Argument(..., help="run folders made by quantkit quantize", metavar="RUN"),
-    tasks: str = typer.Option("quantkit_cloze", "--tasks", "-t", help="comma-separated lm-eval task names"),
+    targets: list[Path] = typer.Argument(
+        ...,
+        help="run folders made by quantkit quantize; with --baseline: GGUF files, HF folders or runs",
+        metavar="RUN|ARTIFACT",
+    ),
+    baseline: str | None = typer.Option(
+        None,
+        "--baseline",
+        "-b",
+        help="score each ARTIFACT against this unquantized model (HF folder, hub id, smollm2-135m)",
+    ),
+    tasks: str | None = typer.Option(
+        None, "--tasks", "-t", help=f"comma-separated lm-eval task names (RUN default: {DEFAULT_TASKS})"
+    ),
     num_fewshot: int | None = typer.Option(None, "--num-fewshot"),
     limit: float | None = typer.Option(None, "--limit", help="documents per task (or a fraction < 1)"),
     batch_size: int = typer.Option(8, "--batch-size"),
+    recipe: str | None = typer.Option(
+        None, "--recipe", "-r", help="with --baseline: take eval settings, gates and bench from this recipe"
+    ),
+    overrides: list[str] = typer.Option([], "--set", "-s", help="with --baseline: override a recipe field"),
+    out: Path | None = typer.Option(None, "--out", "-o", help="with --baseline and one ARTIFACT: run folder"),
+    name: str | None = typer.Option(None, "--name", help="with --baseline and one ARTIFACT: display name"),
+    bench: bool = typer.Option(False, "--bench/--no-bench", help="with --baseline: measure speed and memory"),
+    overwrite: bool = typer.Option(False, "--overwrite", help="replace an existing --out folder"),
     device: DeviceChoice | None = device_option("the run's"),
     output_format: OutputFormat = FormatOption,
 ) -> None:
-    """Run lm-eval tasks on each run's artifact and its baseline; update the run (manifest,
-    recovery over all its lm-eval entries, gate verdict, reports)."""
-    from rich.table import Table
+    """Run lm-eval tasks on each run's artifact and its baseline, updating the run; or, with
+    --baseline, evaluate artifacts quantkit did not make (a run of kind external each)."""
+    if baseline is None:
+        given = [flag for flag, value in _external_only(recipe, overrides, out, name, bench) if value]
+        if given:
+            raise UserInputError(f"{given[0]} needs --baseline", "quantkit eval --baseline MODEL ARTIFACT...")
+    records = _load_runs(targets) if baseline is None else []  # damaged runs first, then flags
+    spec = _lm_eval_spec(tasks if tasks is not None or baseline is not None else DEFAULT_TASKS,
+                         num_fewshot, limit, batch_size)  # fmt: skip
+    if baseline is not None:
+        from quantkit.cli.eval_external import ExternalEvalRequest, evaluate_external
 
+        request = ExternalEvalRequest(
+            baseline=baseline,
+            artifacts=targets,
+            recipe=recipe,
+            overrides=overrides,
+            lm_eval=spec,
+            out=out,
+            name=name,
+            bench=bench,
+            overwrite=overwrite,
+            device=device_value(device),
+        )
+        evaluate_external(request, output_format)
+        return
+    assert spec is not None
+    _eval_runs(records, spec, device_value(device), output_format)
+
+
+def _external_only(
+    recipe: str | None, overrides: list[str], out: Path | None, name: str | None, bench: bool
+) -> list[tuple[str, object]]:
+    return [("--recipe", recipe), ("--set", overrides), ("--out", out), ("--name", name), ("--bench", bench)]
+
+
+def _lm_eval_spec(
+    tasks: str | None, num_fewshot: int | None, limit: float | None, batch_size: int
+) -> LmEvalSpec | None:
+    """The lm-eval settings from the flags (None: no tasks asked for), task names checked."""
+    if tasks is None:
+        return None
     from quantkit.evals.lm_eval_runner import check_tasks
-    from quantkit.pipeline import eval_run
     from quantkit.recipe import validate_section
     from quantkit.specs import LmEvalSpec
-    from quantkit.store import load_run
 
-    records = [load_run(path) for path in runs]
-    for record in records:  # a damaged GGUF is refused before any task runs
-        if record.manifest.artifact.runtime == "llamacpp":
-            from quantkit.runtimes.llamacpp import check_gguf, gguf_file
-
-            check_gguf(gguf_file(record.path / record.manifest.artifact.path))
     amount = None if limit is None else (int(limit) if limit >= 1 else limit)
     flags = {
         "tasks": "--tasks",
@@ -57,14 +113,36 @@ def eval_tasks(
     }
     spec = validate_section(LmEvalSpec, raw, "lm_eval", flags)
     check_tasks(spec.tasks)
+    return spec
+
+
+def _load_runs(runs: list[Path]) -> list[RunRecord]:
+    """The finished runs; a damaged one (or a damaged GGUF in one) is refused before any task."""
+    from quantkit.store import load_run
+
+    records = [load_run(path) for path in runs]
+    for record in records:
+        if record.manifest.artifact.runtime == "llamacpp":
+            from quantkit.runtimes.llamacpp import check_gguf, gguf_file
+
+            check_gguf(gguf_file(record.path / record.manifest.artifact.path))
+    return records
+
+
+def _eval_runs(
+    records: list[RunRecord], spec: LmEvalSpec, device: str | None, output_format: OutputFormat
+) -> None:
+    from rich.table import Table
+
     from quantkit.evals.lm_eval_runner import recovery
+    from quantkit.pipeline import eval_run
 
     done = []
     for record in records:
         if output_format == OutputFormat.human:
             stderr.print(f"lm-eval {', '.join(spec.tasks)} on {record.name} and its baseline")
         reporter = RichReporter() if output_format == OutputFormat.human else None
-        result = eval_run(record, spec, device_value(device), reporter)
+        result = eval_run(record, spec, device, reporter)
         section = next(entry for entry in result.record.manifest.lm_eval or [] if entry.settings == spec)
         done.append((result.record, section, recovery(section.baseline, section.artifact)))
     if output_format == OutputFormat.json:

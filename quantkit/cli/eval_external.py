@@ -1,0 +1,95 @@
+"""`quantkit eval --baseline MODEL ARTIFACT...`: artifacts quantkit did not make (a hub GGUF,
+another tool's quant, another run), each stored as a run of kind ``external`` with the same
+metrics, manifest, report and gate as a quantized run."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import typer
+from rich.markup import escape
+
+from quantkit.cli.output import OutputFormat, RichReporter, emit_json, stderr, stdout
+from quantkit.errors import UserInputError
+
+if TYPE_CHECKING:
+    from quantkit.recipe import Recipe
+    from quantkit.specs import LmEvalSpec
+
+
+@dataclass
+class ExternalEvalRequest:
+    """What ``quantkit eval --baseline`` was asked."""
+
+    baseline: str
+    artifacts: list[Path]
+    recipe: str | None = None
+    overrides: list[str] = field(default_factory=list)
+    lm_eval: LmEvalSpec | None = None
+    out: Path | None = None
+    name: str | None = None
+    bench: bool = False
+    overwrite: bool = False
+    device: str | None = None
+
+
+def _recipes(request: ExternalEvalRequest) -> list[tuple[Recipe, str]]:
+    """Each artifact's recipe and display name; every artifact is recognised (and refused if
+    it cannot be evaluated) before anything runs."""
+    from quantkit.external import inspect_external
+    from quantkit.recipe import external_recipe
+    from quantkit.specs import EvalEntry
+
+    if len(request.artifacts) > 1 and (request.out is not None or request.name is not None):
+        flag = "--out" if request.out is not None else "--name"
+        raise UserInputError(f"{flag} names one run, but {len(request.artifacts)} artifacts were given",
+                             f"evaluate them one at a time, or drop {flag}")  # fmt: skip
+    planned = []
+    for path in request.artifacts:
+        artifact = inspect_external(path)
+        recipe = external_recipe(str(path.expanduser().resolve()), request.recipe, request.overrides)
+        if request.lm_eval is not None:
+            recipe = recipe.model_copy(update={"evals": [*recipe.evals, EvalEntry(lm_eval=request.lm_eval)]})
+        planned.append((recipe, request.name or artifact.name))
+    return planned
+
+
+def evaluate_external(request: ExternalEvalRequest, output_format: OutputFormat) -> None:
+    """Evaluate each artifact against the baseline; exit 1 when a gate fails."""
+    from quantkit.pipeline import QuantizeRequest, run_quantize
+    from quantkit.report import render, table
+
+    human = output_format == OutputFormat.human
+    results = []
+    for recipe, name in _recipes(request):
+        if human:
+            shown = f"[cyan]{escape(name)}[/cyan] against {escape(request.baseline)}"
+            stderr.print(f"[bold]quantkit[/bold] evaluating {shown}")
+        quantize_request = QuantizeRequest(
+            recipe=recipe,
+            model=request.baseline,
+            out=request.out,
+            overwrite=request.overwrite,
+            device=request.device,
+            bench=request.bench,
+            name=name,
+        )
+        results.append(run_quantize(quantize_request, RichReporter() if human else None))
+    if human:
+        stdout.print(render.to_rich(table.build([result.record for result in results])))
+        for result in results:
+            stderr.print(f"run saved to [bold]{escape(str(result.record.path))}[/bold]")
+            for check in result.gate.checks if result.gate is not None else []:
+                colour = "green" if check.passed else "red"
+                stderr.print(f"  gate [{colour}]{escape(check.describe())}[/{colour}]")
+    else:
+        emit_json(
+            [
+                {"run": str(result.record.path), "manifest": result.record.manifest.model_dump(mode="json")}
+                for result in results
+            ]
+        )
+    if any(result.gate is not None and not result.gate.passed for result in results):
+        raise typer.Exit(1)
