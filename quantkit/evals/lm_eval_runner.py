@@ -56,24 +56,30 @@ def check_tasks(tasks: list[str]) -> TaskManager:
 
 
 def _run(model: LmEvalModel, spec: LmEvalSpec, manager: TaskManager) -> JsonDict:
+    import contextlib
+    import sys
+
     from lm_eval import simple_evaluate
 
     name_or_lm, model_args = model
-    output = simple_evaluate(
-        model=name_or_lm,
-        model_args=model_args,
-        tasks=list(spec.tasks),
-        num_fewshot=spec.num_fewshot,
-        limit=spec.limit,
-        batch_size=spec.batch_size,
-        task_manager=manager,
-        log_samples=True,
-        bootstrap_iters=1000,
-        random_seed=0,
-        numpy_random_seed=1234,
-        torch_random_seed=1234,
-        fewshot_random_seed=1234,
-    )
+    # lm-eval prints notices ("bootstrapping for stddev: ...") on stdout, which belongs to
+    # quantkit's own output (a --format json document): they go to stderr
+    with contextlib.redirect_stdout(sys.stderr):
+        output = simple_evaluate(
+            model=name_or_lm,
+            model_args=model_args,
+            tasks=list(spec.tasks),
+            num_fewshot=spec.num_fewshot,
+            limit=spec.limit,
+            batch_size=spec.batch_size,
+            task_manager=manager,
+            log_samples=True,
+            bootstrap_iters=1000,
+            random_seed=0,
+            numpy_random_seed=1234,
+            torch_random_seed=1234,
+            fewshot_random_seed=1234,
+        )
     if output is None:  # pragma: no cover - only on non-zero ranks
         raise UserInputError("lm-eval returned no results", "rerun")
     return dict(output)

@@ -1,8 +1,14 @@
-"""quantkit's offline lm-eval task, built from the built-in held-out text.
+"""quantkit's offline lm-eval tasks, built from the built-in held-out text (local YAML +
+JSONL tasks: they run with the hub offline).
 
-``quantkit_cloze``: for sentences of the held-out documents, predict the sentence's last
-word among four choices (the right one and three words of similar length drawn, seeded,
-from the same text). A local YAML + JSONL task: it runs with the hub offline.
+``quantkit_cloze``: for sentences of the held-out documents, pick the sentence's last word
+among four choices (the right one and three words of similar length drawn, seeded, from the
+same text). Easy: SmolLM2-135M scores 0.95, so it only catches a broken artifact.
+
+``quantkit_lastword``: LAMBADA's protocol on the same sentences: is the sentence's last word
+the model's greedy continuation of the text before it (``acc``), and its perplexity. Hard
+(no choices to pick from): the baseline sits far below the ceiling, where quantization error
+shows (see docs/evaluation.md for measured figures).
 """
 
 from __future__ import annotations
@@ -16,15 +22,14 @@ from pathlib import Path
 from quantkit.paths import cache_dir
 
 TASK_NAME = "quantkit_cloze"
+LASTWORD_TASK = "quantkit_lastword"
 TASK_VERSION = 1
 _WORD = re.compile(r"^[A-Za-z]{4,14}$")
 
 
-def _items(texts: list[str], seed: int = 0, limit: int = 200) -> list[dict[str, object]]:
-    """Cloze items: the context up to a sentence's last word, four choices, the answer index."""
-    rng = random.Random(seed)
-    vocabulary = sorted({w for text in texts for w in re.findall(r"[A-Za-z]{4,14}", text)})
-    items: list[dict[str, object]] = []
+def _sentence_ends(texts: list[str]) -> list[tuple[str, str]]:
+    """(context, last word) for each prose sentence of the texts that ends in a plain word."""
+    found: list[tuple[str, str]] = []
     for text in texts:
         prose = [p for p in text.split("\n\n") if not p.startswith(("   ", ">>>")) and len(p) > 80]
         for paragraph in prose:
@@ -34,14 +39,30 @@ def _items(texts: list[str], seed: int = 0, limit: int = 200) -> list[dict[str, 
                 if not _WORD.match(word):
                     continue
                 context = flat[: sentence_end.start(1)].rstrip()
-                context = context[-600:]  # keep contexts short: a few sentences
-                similar = [
-                    w for w in vocabulary if abs(len(w) - len(word)) <= 2 and w.lower() != word.lower()
-                ]
-                choices = [word, *rng.sample(similar, 3)]
-                rng.shuffle(choices)
-                items.append({"context": context, "choices": choices, "label": choices.index(word)})
+                found.append((context[-600:], word))  # keep contexts short: a few sentences
+    return found
+
+
+def _items(texts: list[str], seed: int = 0, limit: int = 200) -> list[dict[str, object]]:
+    """Cloze items: the context up to a sentence's last word, four choices, the answer index."""
+    rng = random.Random(seed)
+    vocabulary = sorted({w for text in texts for w in re.findall(r"[A-Za-z]{4,14}", text)})
+    items: list[dict[str, object]] = []
+    for context, word in _sentence_ends(texts):
+        similar = [w for w in vocabulary if abs(len(w) - len(word)) <= 2 and w.lower() != word.lower()]
+        choices = [word, *rng.sample(similar, 3)]
+        rng.shuffle(choices)
+        items.append({"context": context, "choices": choices, "label": choices.index(word)})
     rng.shuffle(items)
+    return items[:limit]
+
+
+def _lastword_items(texts: list[str], seed: int = 0, limit: int = 1000) -> list[dict[str, object]]:
+    """LAMBADA-style items: the context up to a sentence's last word, and that word."""
+    items: list[dict[str, object]] = [
+        {"context": context, "word": word} for context, word in _sentence_ends(texts)
+    ]
+    random.Random(seed).shuffle(items)
     return items[:limit]
 
 
@@ -67,22 +88,51 @@ metadata:
   version: {version}
 """
 
+_LASTWORD_YAML = """task: {name}
+dataset_path: json
+dataset_kwargs:
+  data_files:
+    test: {data}
+test_split: test
+output_type: loglikelihood
+doc_to_text: "{{{{context}}}}"
+doc_to_target: "{{{{' ' + word}}}}"
+target_delimiter: ""
+metric_list:
+  - metric: acc
+    aggregation: mean
+    higher_is_better: true
+  - metric: perplexity
+    aggregation: perplexity
+    higher_is_better: false
+metadata:
+  version: {version}
+"""
+
 
 def task_dir() -> Path:
-    """A folder holding the task YAML and its data (built on first use, then reused)."""
+    """A folder holding the tasks' YAML and data (built on first use, then reused)."""
     from quantkit.calibration import load_texts
     from quantkit.specs import TextSource
 
     texts = load_texts(TextSource(), "eval")
-    items = _items(texts)
-    data = "\n".join(json.dumps(item, ensure_ascii=False) for item in items) + "\n"
-    digest = hashlib.sha256(data.encode()).hexdigest()[:16]
-    folder = cache_dir() / "lm_eval_tasks" / f"{TASK_NAME}-v{TASK_VERSION}-{digest}"
-    if not (folder / f"{TASK_NAME}.yaml").is_file():
+    tasks = {
+        TASK_NAME: (_YAML, _items(texts)),
+        LASTWORD_TASK: (_LASTWORD_YAML, _lastword_items(texts)),
+    }
+    data = {
+        name: "\n".join(json.dumps(item, ensure_ascii=False) for item in items) + "\n"
+        for name, (_, items) in tasks.items()
+    }
+    definitions = {name: [template, data[name]] for name, (template, _) in tasks.items()}
+    digest = hashlib.sha256(json.dumps(definitions, sort_keys=True).encode()).hexdigest()[:16]
+    folder = cache_dir() / "lm_eval_tasks" / f"quantkit-v{TASK_VERSION}-{digest}"
+    if not all((folder / f"{name}.yaml").is_file() for name in tasks):
         folder.mkdir(parents=True, exist_ok=True)
-        (folder / f"{TASK_NAME}.jsonl").write_text(data, encoding="utf-8")
-        yaml_text = _YAML.format(name=TASK_NAME, data=folder / f"{TASK_NAME}.jsonl", version=TASK_VERSION)
-        (folder / f"{TASK_NAME}.yaml").write_text(yaml_text, encoding="utf-8")
+        for name, (template, _) in tasks.items():
+            (folder / f"{name}.jsonl").write_text(data[name], encoding="utf-8")
+            yaml_text = template.format(name=name, data=folder / f"{name}.jsonl", version=TASK_VERSION)
+            (folder / f"{name}.yaml").write_text(yaml_text, encoding="utf-8")
     return folder
 
 

@@ -122,3 +122,24 @@ def test_each_lm_eval_entry_is_a_stage_a_resume_keeps(
     assert [section["settings"]["limit"] for section in manifest["lm_eval"]] == [4, 8]
     assert len((out / "lm_eval" / "quantkit_cloze.jsonl").read_text().splitlines()) == 4
     assert len((out / "lm_eval" / "entry-1" / "quantkit_cloze.jsonl").read_text().splitlines()) == 8
+
+
+def test_lastword_task_scores_the_word_after_a_space_and_json_stays_clean(
+    tmp_path: Path, tiny_recipe: Path, capsys
+) -> None:
+    """quantkit_lastword asks for " word" after the context (LAMBADA's target), and lm-eval's
+    own prints (its bootstrap notice for perplexity) never reach --format json's stdout."""
+    run = tmp_path / "run"
+    assert main(["quantize", str(tiny_recipe), "--out", str(run)]) == 0
+    capsys.readouterr()
+    assert main(["eval", str(run), "--tasks", "quantkit_lastword", "--limit", "8", "--format", "json"]) == 0
+    result = json.loads(capsys.readouterr().out)[0]  # stdout is the JSON document and nothing else
+    entry = result["baseline"]["quantkit_lastword"]
+    assert entry["metric"] == "acc" and entry["stderr"] is not None
+    rows = [
+        json.loads(line) for line in (run / "lm_eval" / "quantkit_lastword.jsonl").read_text().splitlines()
+    ]
+    assert len(rows) == 8
+    for row in rows:
+        context, target = row["arguments"][0]
+        assert target == " " + row["doc"]["word"] and not context.endswith(" ")
