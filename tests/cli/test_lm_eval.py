@@ -124,20 +124,20 @@ def test_each_lm_eval_entry_is_a_stage_a_resume_keeps(
     assert len((out / "lm_eval" / "entry-1" / "quantkit_cloze.jsonl").read_text().splitlines()) == 8
 
 
-def test_lastword_task_scores_the_word_after_a_space_and_json_stays_clean(
+def test_nextword_task_scores_the_word_after_a_space_and_json_stays_clean(
     tmp_path: Path, tiny_recipe: Path, capsys
 ) -> None:
-    """quantkit_lastword asks for " word" after the context (LAMBADA's target), and lm-eval's
+    """quantkit_nextword asks for " word" after the context (LAMBADA's target), and lm-eval's
     own prints (its bootstrap notice for perplexity) never reach --format json's stdout."""
     run = tmp_path / "run"
     assert main(["quantize", str(tiny_recipe), "--out", str(run)]) == 0
     capsys.readouterr()
-    assert main(["eval", str(run), "--tasks", "quantkit_lastword", "--limit", "8", "--format", "json"]) == 0
+    assert main(["eval", str(run), "--tasks", "quantkit_nextword", "--limit", "8", "--format", "json"]) == 0
     result = json.loads(capsys.readouterr().out)[0]  # stdout is the JSON document and nothing else
-    entry = result["baseline"]["quantkit_lastword"]
+    entry = result["baseline"]["quantkit_nextword"]
     assert entry["metric"] == "acc" and entry["stderr"] is not None
     rows = [
-        json.loads(line) for line in (run / "lm_eval" / "quantkit_lastword.jsonl").read_text().splitlines()
+        json.loads(line) for line in (run / "lm_eval" / "quantkit_nextword.jsonl").read_text().splitlines()
     ]
     assert len(rows) == 8
     for row in rows:
