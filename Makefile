@@ -6,7 +6,7 @@ TORCH_INDEX ?=
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.quantkit-installed
 
-.PHONY: demo test lint typecheck pytest bench browser clean
+.PHONY: demo test lint typecheck pytest bench fidelity browser clean
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -48,3 +48,10 @@ bench: $(STAMP)
 	test -x /usr/bin/time || (apt-get update -qq && apt-get install -y -qq time)
 	$(BIN)/python bench/gptq_overhead.py
 	$(BIN)/python bench/eval_overhead.py
+
+# quantkit's ppl and KLD against llama.cpp's llama-perplexity on the same GGUF files (the tool is
+# built once from the installed bindings' sdist, ~4 min on 2 cores, and cached). Writes
+# bench/results/fidelity.json; exit 1 when outside the tolerances (ppl 0.5 %, KLD 2 %).
+fidelity: $(STAMP)
+	command -v cmake >/dev/null || $(BIN)/pip install --quiet cmake
+	$(BIN)/python bench/fidelity.py

@@ -344,3 +344,24 @@ def test_a_gguf_quantkit_did_not_make_sits_beside_its_runs(
     report = json.loads(capsys.readouterr().out)
     assert [group["runs"] for group in report["groups"]] == [3]
     assert [row["scheme"] for row in report["rows"]] == ["float32", "Q8_0", "Q4_1", "Q8_0"]
+
+
+FIDELITY = Path(__file__).resolve().parents[2] / "bench" / "results" / "fidelity.json"
+
+
+def test_the_gguf_files_are_the_ones_llama_perplexity_scored(runs: dict[str, dict]) -> None:
+    """bench/results/fidelity.json holds llama-perplexity's ppl and KLD for quantkit's SmolLM2
+    Q8_0 and Q4_K_M and quantkit's own on the same files and text (`make fidelity` rebuilds
+    llama-perplexity and re-checks). The files this suite makes must be those very files (and
+    their F16 source), or the record describes something else: rerun `make fidelity`."""
+    from importlib import metadata
+
+    from quantkit.fileio import file_sha256
+
+    recorded = json.loads(FIDELITY.read_text())
+    assert recorded["passed"] is True and set(recorded["types"]) == {"q8_0", "q4_k_m"}
+    assert recorded["llama_cpp_python"] == metadata.version("llama-cpp-python")
+    for name, row in recorded["types"].items():
+        assert abs(row["ppl_diff_pct"]) <= 0.5 and abs(row["kld_diff_pct"]) <= 2.0
+        assert file_sha256(Path(runs[name]["_path"]) / "artifact" / "model.gguf") == row["gguf_sha256"]
+        assert runs[name]["artifact"]["details"]["source_gguf"]["sha256"] == recorded["f16"]["sha256"]
