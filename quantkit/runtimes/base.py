@@ -165,13 +165,29 @@ def scores_from_log_probs(log_probs: torch.Tensor, request: ScoreRequest) -> Sco
     )
     if request.reference_ids is not None:
         asked = torch.as_tensor(request.reference_ids, dtype=torch.long)
-        scores.reference_logprobs = lp.gather(-1, asked).numpy()
-        scores.reference_rest_logmass = torch.logsumexp(lp.scatter(-1, asked, float("-inf")), dim=-1).numpy()
+        picked = lp.gather(-1, asked)
+        scores.reference_logprobs = picked.numpy()
+        scores.reference_rest_logmass = log_mass_outside(picked, asked).numpy()
     if request.tail_samples:
         tail = sample_tail(lp, indices, request.tail_samples, request.seed)
         scores.tail_ids = tail.to(torch.int32).numpy()
         scores.tail_logprobs = lp.gather(-1, tail).numpy()
     return scores
+
+
+def log_mass_outside(log_probs: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    """log(1 - Σ p) over the distinct ``ids`` of each position, from their gathered
+    ``log_probs`` ``[..., m]`` (float64 sum, so no ``[B, L, V]`` copy of the distribution:
+    the vocabulary-wide scatter + logsumexp it replaces cost more than the forward pass's
+    log-softmax). Returns float32 ``[...]``; log(1e-30) where the ids hold all the mass."""
+    import torch
+
+    sorted_ids, order = ids.sort(dim=-1)
+    p = log_probs.double().exp().gather(-1, order)
+    first = torch.ones_like(sorted_ids, dtype=torch.bool)
+    first[..., 1:] = sorted_ids[..., 1:] != sorted_ids[..., :-1]
+    mass = (p * first).sum(-1)
+    return torch.log((1.0 - mass).clamp(min=1e-30)).float()
 
 
 def sample_tail(log_probs: torch.Tensor, top_ids: torch.Tensor, samples: int, seed: int) -> torch.Tensor:

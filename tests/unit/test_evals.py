@@ -192,3 +192,21 @@ def test_second_half_scores_what_llama_perplexity_scores(setup) -> None:
         _tempered(runtime, 0.7), windows, ref.compute(runtime, windows, ref.ReferenceShape(8, 3), key="h"), 3
     )
     assert scored.at(positions).kld.shape == (3, 23)
+
+
+def test_residual_mass_outside_asked_ids_counts_each_distinct_id_once() -> None:
+    from quantkit.runtimes.base import ScoreRequest, scores_from_log_probs
+
+    generator = torch.Generator().manual_seed(0)
+    log_probs = torch.log_softmax(3.0 * torch.randn(2, 9, 300, generator=generator), -1)
+    ids = torch.randint(0, 300, (2, 9), generator=generator).numpy()
+    asked = torch.randint(0, 40, (2, 8, 50), generator=generator)  # many repeats
+    asked[0, 0] = torch.arange(300)[torch.randperm(300, generator=generator)[:50]]
+    scores = scores_from_log_probs(log_probs, ScoreRequest(ids=ids, top_k=4, reference_ids=asked.numpy()))
+    lp = log_probs[:, :-1].double()
+    for b in range(2):
+        for t in range(8):
+            distinct = sorted(set(asked[b, t].tolist()))
+            expected = math.log(1.0 - float(lp[b, t, distinct].exp().sum()))
+            assert scores.reference_rest_logmass[b, t] == pytest.approx(expected, abs=2e-6)
+    assert np.allclose(scores.reference_logprobs, lp.gather(-1, asked).numpy(), atol=1e-6)
