@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Literal
 
 from quantkit.errors import CalibrationError
 from quantkit.paths import builtin_text_dir
+from quantkit.special_tokens import window_bos
 from quantkit.tokens import TokenWindows, hash_ids
 
 if TYPE_CHECKING:
@@ -104,11 +105,23 @@ def source_digest(src: TextSource, role: Role) -> JsonDict:
     return info
 
 
-def _token_stream(texts: list[str], tokenizer: PreTrainedTokenizerBase) -> np.ndarray:
+def _token_stream(texts: list[str], tokenizer: PreTrainedTokenizerBase, bos: int | None) -> np.ndarray:
+    """The documents joined by blank lines as one stream of ids, led by ``bos`` when set."""
     import numpy as np
 
     ids = tokenizer("\n\n".join(texts), add_special_tokens=False)["input_ids"]
-    return np.asarray(ids, dtype=np.int64)
+    return np.asarray(([] if bos is None else [bos]) + list(ids), dtype=np.int64)
+
+
+def _windows(
+    stream: np.ndarray, seq_len: int, wanted: int, role: Role, what: str, bos: int | None
+) -> np.ndarray:
+    """Consecutive ``seq_len`` slices of ``stream``; with ``bos``, each one's first token is
+    replaced by it (llama-perplexity's rule: the targets stay those of the plain slices)."""
+    chunks = _chunks(stream, seq_len, wanted, role, what)
+    if bos is not None:
+        chunks[:, 0] = bos
+    return chunks
 
 
 def _chunks(stream: np.ndarray, seq_len: int, wanted: int, role: Role, what: str) -> np.ndarray:
@@ -146,17 +159,25 @@ def calibration_windows(spec: CalibrationSpec, tokenizer: PreTrainedTokenizerBas
     texts = load_texts(spec, "calibration")
     if spec.chat_template:
         texts = _as_chat(texts, tokenizer)
-    stream = _token_stream(texts, tokenizer)
-    chunks = _chunks(stream, spec.seq_len, spec.num_samples, "calibration", "calibration")
+    bos = window_bos(tokenizer, spec.add_bos, "calibration")
+    stream = _token_stream(texts, tokenizer, bos)
+    chunks = _windows(stream, spec.seq_len, spec.num_samples, "calibration", "calibration", bos)
     rng = np.random.default_rng(spec.seed)
     picked = np.sort(rng.choice(len(chunks), size=spec.num_samples, replace=False))
     ids = chunks[picked]
-    source = source_digest(spec, "calibration") | {"seed": spec.seed, "chat_template": spec.chat_template}
-    return TokenWindows(ids=ids, seq_len=spec.seq_len, hash=hash_ids(ids), source=source)
+    source = source_digest(spec, "calibration") | {
+        "seed": spec.seed,
+        "chat_template": spec.chat_template,
+        "bos": bos,
+    }
+    return TokenWindows(ids=ids, seq_len=spec.seq_len, hash=hash_ids(ids, bos), source=source)
 
 
 def eval_windows(spec: EvalSpec, tokenizer: PreTrainedTokenizerBase) -> TokenWindows:
-    """The first ``num_windows`` consecutive windows of the evaluation text."""
-    stream = _token_stream(load_texts(spec, "eval"), tokenizer)
-    ids = _chunks(stream, spec.seq_len, spec.num_windows, "eval", "eval")[: spec.num_windows]
-    return TokenWindows(ids=ids, seq_len=spec.seq_len, hash=hash_ids(ids), source=source_digest(spec, "eval"))
+    """The first ``num_windows`` consecutive windows of the evaluation text, each led by the
+    model's BOS when its tokenizer adds one (``quantkit.special_tokens``)."""
+    bos = window_bos(tokenizer, spec.add_bos, "eval")
+    stream = _token_stream(load_texts(spec, "eval"), tokenizer, bos)
+    ids = _windows(stream, spec.seq_len, spec.num_windows, "eval", "eval", bos)[: spec.num_windows]
+    source = source_digest(spec, "eval") | {"bos": bos}
+    return TokenWindows(ids=ids, seq_len=spec.seq_len, hash=hash_ids(ids, bos), source=source)

@@ -26,6 +26,10 @@ class TextSource(StrictModel):
     text_field: str = Field("text", description="field holding the text in .jsonl / HF datasets")
     split: str = Field("train", description="HF dataset split")
     subset: str | None = Field(None, description="HF dataset configuration name")
+    add_bos: bool | None = Field(
+        None,
+        description="start every window with the model's BOS (default: when its tokenizer adds one)",
+    )
 
 
 class CalibrationSpec(TextSource):

@@ -8,9 +8,10 @@ from typing import Any
 from quantkit.calibration import load_texts
 
 
-def make_tiny_tokenizer(out: Path, vocab_size: int = 384) -> None:
-    """Train a small byte-level BPE tokenizer on the built-in calibration text and save it."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+def make_tiny_tokenizer(out: Path, vocab_size: int = 384, add_bos: bool = False) -> None:
+    """Train a small byte-level BPE tokenizer on the built-in calibration text and save it;
+    with ``add_bos`` it leads every text with ``<|endoftext|>`` (id 0), as Llama's and Gemma's do."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
     from transformers import PreTrainedTokenizerFast
 
     from quantkit.specs import TextSource
@@ -26,6 +27,10 @@ def make_tiny_tokenizer(out: Path, vocab_size: int = 384) -> None:
     )
     texts = load_texts(TextSource(), "calibration")[:40]
     tokenizer.train_from_iterator(texts, trainer=trainer)
+    if add_bos:
+        tokenizer.post_processor = processors.TemplateProcessing(
+            single="<|endoftext|> $A", pair="<|endoftext|> $A $B", special_tokens=[("<|endoftext|>", 0)]
+        )
     fast = PreTrainedTokenizerFast(
         tokenizer_object=tokenizer, bos_token="<|endoftext|>", eos_token="<|endoftext|>"
     )
@@ -33,14 +38,19 @@ def make_tiny_tokenizer(out: Path, vocab_size: int = 384) -> None:
 
 
 def make_tiny_llama(
-    out: Path, seed: int = 0, hidden_size: int = 128, num_layers: int = 2, vocab_size: int = 384
+    out: Path,
+    seed: int = 0,
+    hidden_size: int = 128,
+    num_layers: int = 2,
+    vocab_size: int = 384,
+    add_bos: bool = False,
 ) -> Path:
     """Save a randomly initialised Llama (float32) with a matching tokenizer into ``out``."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
     out.mkdir(parents=True, exist_ok=True)
-    make_tiny_tokenizer(out, vocab_size)
+    make_tiny_tokenizer(out, vocab_size, add_bos)
     config = LlamaConfig(
         vocab_size=vocab_size,
         hidden_size=hidden_size,

@@ -31,11 +31,15 @@ class TokenWindows:
         }
 
 
-def hash_ids(ids: np.ndarray) -> str:
-    """sha256 of the int32 token ids and their shape."""
+WINDOW_RULES = 2  # 2: the BOS rule (windows led by BOS when the tokenizer adds one)
+
+
+def hash_ids(ids: np.ndarray, bos: int | None = None) -> str:
+    """sha256 of the int32 token ids, their shape and the window rule (version and BOS), so
+    caches keyed on windows made under an older rule are never reused."""
     import numpy as np
 
     array = np.ascontiguousarray(ids, dtype=np.int32)
-    digest = hashlib.sha256(str(array.shape).encode())
+    digest = hashlib.sha256(f"rules={WINDOW_RULES};bos={bos};".encode() + str(array.shape).encode())
     digest.update(array.tobytes())
     return digest.hexdigest()

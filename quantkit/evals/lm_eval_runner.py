@@ -147,6 +147,7 @@ def baseline(
 
     from quantkit.evals.lm_eval_tasks import data_digest
     from quantkit.fileio import write_text_atomic
+    from quantkit.tokens import WINDOW_RULES
 
     adapter = TypeAdapter(dict[str, TaskResult])
     key_text = json.dumps(
@@ -156,6 +157,7 @@ def baseline(
             data_digest(),
             metadata.version("lm_eval"),
             settings.device,
+            f"window-rules={WINDOW_RULES}",  # the BOS rule: results from before it are not reused
         ]
     )
     cached = cache_dir() / "lm_eval" / f"{hashlib.sha256(key_text.encode()).hexdigest()[:32]}.json"

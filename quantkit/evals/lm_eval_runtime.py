@@ -35,7 +35,8 @@ class RuntimeLM(LM):
             continuation, context = context[-spaces:] + continuation, context[:-spaces]
         whole = self.runtime.tokenize(context + continuation)
         context_ids = self.runtime.tokenize(context)
-        return context_ids, whole[len(context_ids) :]
+        lead = [self.prefix_token_id] if self.runtime.adds_bos else []  # lm-eval's add_bos_token
+        return lead + context_ids, whole[len(context_ids) :]
 
     def _score(self, context_ids: list[int], continuation_ids: list[int]) -> tuple[float, bool]:
         import numpy as np

@@ -117,6 +117,12 @@ class Runtime(Protocol):
     @property
     def bos_token_id(self) -> int | None: ...
 
+    @property
+    def adds_bos(self) -> bool:
+        """Whether the model's tokenizer leads a text with ``bos_token_id`` (the BOS rule of
+        ``quantkit.special_tokens``; lm-eval contexts follow it)."""
+        ...
+
     def tokenize(self, text: str) -> list[int]:
         """Token ids of ``text`` without special tokens (lm-eval requests)."""
         ...

@@ -69,6 +69,12 @@ class HFRuntime(Runtime):
         token = self.tokenizer.bos_token_id
         return None if token is None else int(token)
 
+    @property
+    def adds_bos(self) -> bool:
+        from quantkit.special_tokens import tokenizer_bos
+
+        return tokenizer_bos(self.tokenizer) is not None
+
     def tokenize(self, text: str) -> list[int]:
         return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
 
@@ -128,13 +134,19 @@ class HFRuntime(Runtime):
 
     @classmethod
     def lm_eval_model(cls, path: Path, settings: RuntimeSettings) -> LmEvalModel:
-        """lm-eval's own ``hf`` model (batched, the reference implementation users know)."""
-        from quantkit.device import baseline_dtype
+        """lm-eval's own ``hf`` model (batched, the reference implementation users know), told
+        the BOS rule explicitly (``add_bos_token``) rather than left to lm-eval's default."""
+        from transformers import AutoTokenizer
 
+        from quantkit.device import baseline_dtype
+        from quantkit.special_tokens import tokenizer_bos
+
+        tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=settings.trust_remote_code)
         args: JsonDict = {
             "pretrained": str(path),
             "dtype": baseline_dtype(settings.device),
             "device": settings.device,
             "trust_remote_code": settings.trust_remote_code,
+            "add_bos_token": tokenizer_bos(tokenizer) is not None,
         }
         return "hf", args

@@ -95,6 +95,11 @@ class LlamaCppRuntime(Runtime):
         token = int(self.model.token_bos())
         return None if token < 0 else token
 
+    @property
+    def adds_bos(self) -> bool:
+        """The GGUF's ``tokenizer.ggml.add_bos_token`` (as llama-perplexity reads it)."""
+        return self.bos_token_id is not None and bool(self.model._model.add_bos_token())
+
     def tokenize(self, text: str) -> list[int]:
         return list(self.model.tokenize(text.encode("utf-8"), add_bos=False, special=False))
 
