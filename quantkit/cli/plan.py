@@ -10,7 +10,9 @@ from quantkit.cli.output import OutputFormat, emit_json, stdout
 
 def plan(
     recipe: str = typer.Argument("fp8-dynamic", help="recipe file or shipped name"),
-    model: str | None = typer.Option(None, "--model", "-m", help="HF folder, hub id, or smollm2-135m"),
+    model: str | None = typer.Option(
+        None, "--model", "-m", help="HF folder, hub id, .gguf file (or org/name:file.gguf), or smollm2-135m"
+    ),
     context: int = typer.Option(4096, "--context", min=1, help="tokens of KV cache per sequence"),
     batch: int = typer.Option(1, "--batch", min=1, help="concurrent sequences"),
     device_name: str = typer.Option(

@@ -15,7 +15,9 @@ DEFAULT_RECIPE = "fp8-dynamic"
 
 def quantize(
     recipe: str = typer.Argument(DEFAULT_RECIPE, help="recipe file, or the name of a shipped recipe"),
-    model: str | None = typer.Option(None, "--model", "-m", help="HF folder, hub id, or smollm2-135m"),
+    model: str | None = typer.Option(
+        None, "--model", "-m", help="HF folder, hub id, .gguf file (or org/name:file.gguf), or smollm2-135m"
+    ),
     out: Path | None = typer.Option(None, "--out", "-o", help="run folder to create (default runs/<id>)"),
     overrides: list[str] = typer.Option([], "--set", "-s", help="override a recipe field: key.sub=value"),
     device: DeviceChoice | None = device_option("the recipe's"),

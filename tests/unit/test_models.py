@@ -24,11 +24,20 @@ def test_missing_path() -> None:
 
 
 def test_file_instead_of_folder(tmp_path: Path) -> None:
+    weights = tmp_path / "m.bin"
+    weights.write_bytes(b"weights")
+    with pytest.raises(ModelSourceError, match="is a file, not a model folder") as err:
+        resolve_model(str(weights))
+    assert ".gguf file" in err.value.hint
+
+
+def test_a_gguf_that_is_only_a_header_is_damaged(tmp_path: Path) -> None:
+    from quantkit.errors import ArtifactError
+
     gguf = tmp_path / "m.gguf"
-    gguf.write_bytes(b"GGUF")
-    with pytest.raises(ModelSourceError) as err:
+    gguf.write_bytes(b"GGUF")  # a GGUF is a model source now: this one is cut short
+    with pytest.raises(ArtifactError, match="is truncated or damaged"):
         resolve_model(str(gguf))
-    assert "GGUF" in err.value.hint
 
 
 def test_folder_without_config(tmp_path: Path) -> None:
