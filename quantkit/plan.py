@@ -191,6 +191,14 @@ def tensor_bytes(folder: Path) -> int:
     return total
 
 
+def stored_dtypes(model_path: Path) -> dict[str, int]:
+    """Elements stored per safetensors dtype name (``BF16``, ``F32``, ...) in an HF folder."""
+    counts: dict[str, int] = {}
+    for shape, dtype in _tensor_shapes(model_path).values():
+        counts[dtype] = counts.get(dtype, 0) + _count(shape)
+    return counts
+
+
 def count_parameters(model_path: Path) -> int:
     """Parameters of an HF folder, from its safetensors headers (0 when there are none)."""
     return sum(_count(shape) for shape, _ in _tensor_shapes(model_path).values())

@@ -11,6 +11,8 @@ from quantkit.errors import BackendError, MissingDependencyError
 from quantkit.faults import failpoint
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     import torch
     from datasets import Dataset
     from llmcompressor.modifiers import Modifier
@@ -137,6 +139,42 @@ def _cpu_only_compat() -> Iterator[None]:
         IntermediatesCache.pin_memory = original  # type: ignore[method-assign]
 
 
+def source_dtype(folder: Path) -> torch.dtype:
+    """The floating dtype most of a checkpoint's weights are stored in (its safetensors
+    headers; config.json's ``dtype`` for .bin-only folders; float32 if neither says)."""
+    import torch
+
+    from quantkit.plan import stored_dtypes
+
+    counts = stored_dtypes(folder)
+    names = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}
+    floating = {name: n for name, n in counts.items() if name in names}
+    if floating:
+        return names[max(floating, key=lambda name: floating[name])]
+    from quantkit.models import read_config
+
+    declared = read_config(folder).get("dtype") or read_config(folder).get("torch_dtype")
+    return getattr(torch, declared) if declared in ("float32", "float16", "bfloat16") else torch.float32
+
+
+def keep_source_dtype(model: torch.nn.Module, dtype: torch.dtype) -> None:
+    """Store what stays unquantized (embeddings, norms, an ignored head) in the source
+    checkpoint's dtype: the model was computed in the device's dtype (fp32 on the CPU), which
+    would otherwise double an fp16/bf16 source's embeddings on disk. Quantized modules (those
+    carrying a ``quantization_scheme``) keep their weights for compression."""
+    import torch
+
+    for module in model.modules():
+        if getattr(module, "quantization_scheme", None) is not None:
+            continue
+        for tensor in [*module.parameters(recurse=False), *module.buffers(recurse=False)]:
+            if tensor.dtype == torch.float32 and dtype != torch.float32:
+                tensor.data = tensor.data.to(dtype)
+    config = getattr(model, "config", None)
+    if config is not None:
+        config.dtype = dtype
+
+
 def run_oneshot(
     job: QuantizeJob, recipe: OneshotRecipe, calibration: TokenWindows | None
 ) -> dict[str, JsonValue]:
@@ -183,6 +221,7 @@ def run_oneshot(
                 "rerun with QUANTKIT_DEBUG=1 for the traceback",
             ) from err
     job.log("saving the compressed-tensors checkpoint")
+    keep_source_dtype(model, source_dtype(job.model_path))
     model.save_pretrained(job.out_dir, save_compressed=True)
     failpoint("save.weights")  # weights written, tokenizer not yet: a crash mid-save
     tokenizer.save_pretrained(job.out_dir)
