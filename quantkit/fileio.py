@@ -15,6 +15,18 @@ def _umask() -> int:
     return current
 
 
+def share_modes(root: Path) -> None:
+    """Give every file under ``root`` (and ``root``) the permissions plain creation would:
+    0666 / 0777 less the umask. Libraries that write through temporary files (transformers'
+    safetensors, mkdtemp folders) leave 0600 / 0700, which hides a run from its group."""
+    mask = _umask()
+    paths = [root, *root.rglob("*")] if root.is_dir() else [root]
+    for path in paths:
+        if path.is_symlink():
+            continue
+        os.chmod(path, (0o777 if path.is_dir() else 0o666) & ~mask)
+
+
 def write_text_atomic(path: Path, text: str) -> None:
     """Write ``text`` to a temporary sibling, fsync it and rename it over ``path``.
 

@@ -210,6 +210,7 @@ def builtin_texts() -> dict[str, str]:
 def convert_gguf(gguf_path: Path, target: Path, dtype: torch.dtype | None = None) -> Path:
     """Dequantize ``gguf_path`` into the HF folder ``target`` (built in a temporary sibling and
     moved into place only when complete; nothing is left behind on failure)."""
+    from quantkit.fileio import share_modes
     from quantkit.runtimes.llamacpp import check_gguf
 
     check_gguf(gguf_path, "give a whole .gguf file (a truncated download fails here)")
@@ -222,6 +223,7 @@ def convert_gguf(gguf_path: Path, target: Path, dtype: torch.dtype | None = None
         check_tokenizer(tokenizer, gguf_path, builtin_texts())
         _save_model(meta, tmp, dtype or storage_dtype(meta))
         tokenizer.save_pretrained(tmp)
+        share_modes(tmp)
         if target.exists():
             shutil.rmtree(target)
         os.replace(tmp, target)

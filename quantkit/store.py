@@ -15,7 +15,7 @@ from pydantic import JsonValue, ValidationError
 
 from quantkit.errors import ArtifactError, OutputError, RunNotFoundError
 from quantkit.faults import failpoint
-from quantkit.fileio import fsync_dir, write_json_atomic, write_text_atomic
+from quantkit.fileio import fsync_dir, share_modes, write_json_atomic, write_text_atomic
 from quantkit.journal import JOURNAL, Journal
 from quantkit.manifest import READABLE_SCHEMAS, Manifest
 
@@ -197,6 +197,7 @@ class RunWriter:
                 )
             old = self.final_dir.with_name(f".{self.final_dir.name}.old-{os.getpid()}")
             os.replace(self.final_dir, old)
+        share_modes(self.tmp_dir)
         failpoint("commit.rename")
         os.replace(self.tmp_dir, self.final_dir)
         fsync_dir(self.final_dir.parent)
@@ -252,6 +253,7 @@ class RunUpdater:
 
     def release(self) -> None:
         (self.final_dir / LOCK_FILE).unlink(missing_ok=True)
+        share_modes(self.final_dir)  # what lm-eval and the bench wrote, as the umask says
         self._lock.close()
 
 

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from quantkit.errors import BackendError
+from quantkit.fileio import share_modes
 from quantkit.paths import cache_dir
 
 if TYPE_CHECKING:
@@ -124,6 +125,7 @@ def save(reference: Reference) -> Path:
             if reference.tail_ids is not None and reference.tail_logprobs is not None:
                 arrays |= {"tail_ids": reference.tail_ids, "tail_logprobs": reference.tail_logprobs}
             np.savez(handle, allow_pickle=False, **arrays)
+        share_modes(Path(tmp))
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

@@ -53,3 +53,27 @@ def test_unquantized_tensors_keep_the_source_dtype(
     assert config["dtype"] == ("bfloat16" if source == "bf16" else "float32")
     manifest = json.loads((tmp_path / "run" / "manifest.json").read_text())
     assert manifest["baseline"]["dtype"] == "float32"  # the baseline still computes in fp32 on the CPU
+
+
+def test_run_and_cache_files_are_readable_as_the_umask_says(
+    tiny_model: Path, tmp_path: Path, isolated_cache: Path, capsys
+) -> None:
+    """transformers writes safetensors through 0600 temporary files, and the reference cache
+    used one too: every file of a run and of the reference cache is 0644 under umask 022."""
+    import os
+
+    old = os.umask(0o022)
+    try:
+        recipe = write_tiny_recipe(tmp_path, tiny_model)
+        assert main(["quantize", str(recipe), "--out", str(tmp_path / "run"), "--format", "json"]) == 0
+        capsys.readouterr()
+    finally:
+        os.umask(old)
+    modes = {
+        f"{root.name}/{path.relative_to(root)}": oct(path.stat().st_mode & 0o777)
+        for root in (tmp_path / "run", isolated_cache / "references")
+        for path in [root, *root.rglob("*")]
+    }
+    wrong = {name: mode for name, mode in modes.items() if mode not in ("0o644", "0o755")}
+    assert "run/artifact/model.safetensors" in modes and any(".npz" in name for name in modes)
+    assert not wrong, wrong
