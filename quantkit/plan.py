@@ -140,7 +140,8 @@ def estimate(model_path: Path, target: Target, serving: Serving) -> Plan:
     heads = int(config.get("num_attention_heads", 1))
     kv_heads = int(config.get("num_key_value_heads", heads))
     head_dim = int(config.get("head_dim") or config.get("hidden_size", 0) // max(heads, 1))
-    kv = 2 * layers * kv_heads * head_dim * context * batch * 2  # K and V, fp16
+    per_token = 2 * kv_heads * head_dim * batch * 2  # K and V of one layer, fp16
+    kv = sum(per_token * tokens for tokens in kv_tokens_per_layer(config, layers, context))
     return Plan(
         params,
         linear,
@@ -154,6 +155,23 @@ def estimate(model_path: Path, target: Target, serving: Serving) -> Plan:
         serving.device,
         serving.device_memory,
     )
+
+
+_WINDOWED = ("sliding_attention", "chunked_attention")
+
+
+def kv_tokens_per_layer(config: dict[str, Any], layers: int, context: int) -> list[int]:
+    """Tokens each layer keeps in its KV cache: ``context``, or the window for sliding-window
+    layers (config ``layer_types``, as Gemma 2/3 and Qwen write them; without it a set
+    ``sliding_window`` applies to every layer, as Mistral's does, unless ``use_sliding_window``
+    is false)."""
+    window = config.get("sliding_window") or config.get("attention_chunk_size")
+    types = config.get("layer_types")
+    if isinstance(types, list) and len(types) == layers:
+        return [min(context, int(window)) if window and kind in _WINDOWED else context for kind in types]
+    if window and config.get("use_sliding_window") is not False:
+        return [min(context, int(window))] * layers
+    return [context] * layers
 
 
 def machine_memory(device: str) -> int:

@@ -53,3 +53,29 @@ def test_quantize_refuses_a_model_that_cannot_fit(
     assert main(["quantize", str(tiny_recipe), "--out", str(tmp_path / "x")]) == 2
     assert "not enough memory on cpu" in capsys.readouterr().err
     assert not (tmp_path / "x").exists()
+
+
+@pytest.mark.parametrize(
+    ("extra", "tokens"),
+    [
+        ({}, [1024, 1024]),
+        ({"layer_types": ["sliding_attention", "full_attention"], "sliding_window": 128}, [128, 1024]),
+        ({"sliding_window": 256}, [256, 256]),  # Mistral: every layer
+        ({"sliding_window": 256, "use_sliding_window": False}, [1024, 1024]),  # Qwen2's default
+        ({"layer_types": ["sliding_attention", "sliding_attention"], "sliding_window": 4096}, [1024, 1024]),
+    ],
+)
+def test_kv_cache_counts_sliding_window_layers(
+    tiny_model: Path, tmp_path: Path, extra: dict[str, object], tokens: list[int]
+) -> None:
+    """Gemma 3 270M keeps 512 tokens in 15 of its 18 layers: at 8k context its KV cache is
+    (15 x 512 + 3 x 8192) / (18 x 8192) = 22 % of a full-attention estimate."""
+    import shutil
+
+    folder = tmp_path / "m"
+    shutil.copytree(tiny_model, folder)
+    config = json.loads((folder / "config.json").read_text()) | extra
+    (folder / "config.json").write_text(json.dumps(config))
+    plan = estimate(folder, Target("W4A16-g64", 4.25), Serving(1024, 2, "h200", 10**12))
+    # K+V, kv heads, head dim, batch, fp16
+    assert plan.kv_cache_bytes == sum(2 * 2 * 32 * 2 * 2 * t for t in tokens)
