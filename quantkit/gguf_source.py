@@ -23,6 +23,7 @@ from quantkit.errors import ModelSourceError
 
 if TYPE_CHECKING:
     import torch
+    from gguf import GGUFReader
     from transformers import PreTrainedTokenizerBase
 
 CONVERSION_VERSION = 1  # bump when the conversion's output changes
@@ -32,11 +33,11 @@ _SPM_FILE = "tokenizer.model"
 class GGUFMetadata:
     """The metadata fields of a GGUF file that the conversion needs (read once)."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, reader: GGUFReader | None = None) -> None:
         import gguf
 
         self.path = path
-        self.fields = gguf.GGUFReader(str(path)).fields
+        self.fields = (reader or gguf.GGUFReader(str(path))).fields
 
     def value(self, name: str) -> Any:
         field = self.fields.get(name)
@@ -164,14 +165,17 @@ def check_tokenizer(tokenizer: PreTrainedTokenizerBase, gguf_path: Path, texts: 
     from llama_cpp import Llama
 
     from quantkit.progress import native_stderr_captured
+    from quantkit.runtimes.base import RuntimeSettings
+    from quantkit.runtimes.llamacpp import LlamaCppRuntime
     from quantkit.special_tokens import tokenizer_bos
 
     with native_stderr_captured(verbose=False):
         llm = Llama(model_path=str(gguf_path), vocab_only=True, verbose=False)
+    vocab = LlamaCppRuntime(llm, RuntimeSettings(device="cpu"))  # its tokenize and BOS rule
     try:
         for name, text in texts.items():
             ours = list(tokenizer(text, add_special_tokens=False)["input_ids"])
-            theirs = list(llm.tokenize(text.encode("utf-8"), add_bos=False, special=False))
+            theirs = vocab.tokenize(text)
             if ours != theirs:
                 at = next(
                     (i for i, (a, b) in enumerate(zip(ours, theirs, strict=False)) if a != b),
@@ -183,10 +187,9 @@ def check_tokenizer(tokenizer: PreTrainedTokenizerBase, gguf_path: Path, texts: 
                     f"{_pieces(tokenizer, theirs[at : at + 4])} ({len(ours)} vs {len(theirs)} tokens)",
                     "give the model's HF folder (with its own tokenizer) instead of the GGUF",
                 )
-        bos = int(llm.token_bos())
-        expected = bos if bos >= 0 and llm._model.add_bos_token() else None
+        expected = vocab.bos_token_id if vocab.adds_bos else None
     finally:
-        llm.close()
+        vocab.close()
     if tokenizer_bos(tokenizer) != expected:
         raise ModelSourceError(
             f"the tokenizer rebuilt from '{gguf_path.name}' adds BOS {tokenizer_bos(tokenizer)}, "
@@ -207,14 +210,19 @@ def builtin_texts() -> dict[str, str]:
     return {role: "\n\n".join(load_texts(TextSource(), role)) for role in ("calibration", "eval")}
 
 
-def convert_gguf(gguf_path: Path, target: Path, dtype: torch.dtype | None = None) -> Path:
+_DAMAGED_SOURCE_HINT = "give a whole .gguf file (a truncated download fails here)"
+
+
+def convert_gguf(
+    gguf_path: Path, target: Path, dtype: torch.dtype | None = None, damaged_hint: str = _DAMAGED_SOURCE_HINT
+) -> Path:
     """Dequantize ``gguf_path`` into the HF folder ``target`` (built in a temporary sibling and
-    moved into place only when complete; nothing is left behind on failure)."""
+    moved into place only when complete; nothing is left behind on failure). A damaged file
+    is refused first, with ``damaged_hint``."""
     from quantkit.fileio import share_modes
     from quantkit.runtimes.llamacpp import check_gguf
 
-    check_gguf(gguf_path, "give a whole .gguf file (a truncated download fails here)")
-    meta = GGUFMetadata(gguf_path)
+    meta = GGUFMetadata(gguf_path, check_gguf(gguf_path, damaged_hint))
     check_convertible(meta)
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}."))

