@@ -112,13 +112,21 @@ def _timings(ctx: RunContext, header: RunHeader) -> dict[str, float]:
 
 def gate_verdict(ctx: RunContext) -> GateResult | None:
     """The recipe's gates over the run's metrics (None when it sets no threshold)."""
+    from quantkit.evals.plausibility import artifact_check
     from quantkit.gate import evaluate_gate
 
     if ctx.recipe.gates.is_empty():
         return None
-    _, quantized = _metrics(ctx)
+    baseline, quantized = _metrics(ctx)
     windows = ctx.results.require("evaluate", EvaluateResult).window_scores
-    return evaluate_gate(ctx.recipe.gates, dict(quantized), windows)
+    return evaluate_gate(ctx.recipe.gates, dict(quantized), windows, artifact_check(baseline, quantized))
+
+
+def _baseline_check(baseline: dict[str, float]) -> str | None:
+    from quantkit.evals.plausibility import plausibility
+
+    check = plausibility(baseline)
+    return None if check is None else check.verdict()
 
 
 def build_manifest(ctx: RunContext, header: RunHeader) -> Manifest:
@@ -158,6 +166,7 @@ def build_manifest(ctx: RunContext, header: RunHeader) -> Manifest:
             tail_samples=ctx.recipe.eval.tail_samples if evaluation.kld_estimator == "sampled-tail" else 0,
             kld_estimator=evaluation.kld_estimator,
             score=ctx.recipe.eval.score,
+            baseline_check=_baseline_check(baseline),
         ),
         baseline=BaselineInfo(dtype=dtype, weight_bits=dtype_bits(dtype)),
         artifact=results.require("quantize", QuantizeResult).artifact,

@@ -25,6 +25,7 @@ from pydantic import ConfigDict, Field, JsonValue, TypeAdapter, ValidationError,
 from pydantic.dataclasses import dataclass
 
 from quantkit.errors import RecipeError, RunNotFoundError
+from quantkit.evals.plausibility import Plausibility
 from quantkit.metrics import format_metric, metric_info
 from quantkit.specs import GateSpec
 from quantkit.window_scores import WINDOWS_SCHEMA, WindowScores
@@ -170,13 +171,46 @@ def _intervals(spec: GateSpec, windows: WindowScores) -> tuple[dict[str, list[fl
     return out, notes
 
 
+PLAUSIBILITY = "plausibility"  # the ``field`` and ``source`` of the checks no threshold sets
+
+
+def plausibility_checks(check: Plausibility) -> list[Check]:
+    """The artifact against the context-free bars of its eval tokens (``quantkit.evals.plausibility``):
+    checked by every gate, whatever its thresholds."""
+    return [
+        Check(
+            metric="ppl",
+            kind="max",
+            threshold=check.unigram_ppl,
+            value=check.ppl,
+            passed=check.ppl < check.unigram_ppl,
+            field=PLAUSIBILITY,
+            source="unigram ppl of the eval tokens",
+        ),
+        Check(
+            metric="top1_accuracy_pct",
+            kind="min",
+            threshold=check.unigram_top1_pct,
+            value=check.top1_accuracy_pct,
+            passed=check.top1_accuracy_pct > check.unigram_top1_pct,
+            field=PLAUSIBILITY,
+            source="commonest eval token's share",
+        ),
+    ]
+
+
 def evaluate_gate(
-    spec: GateSpec, metrics: Mapping[str, float | None], windows: WindowScores | None = None
+    spec: GateSpec,
+    metrics: Mapping[str, float | None],
+    windows: WindowScores | None = None,
+    plausibility: Plausibility | None = None,
 ) -> GateResult:
     """Apply every threshold set in ``spec`` to ``metrics``.
 
     ``windows`` are the run's per-window scores; when given, KLD, perplexity and top-1 checks
     carry bootstrap intervals, which decide them under ``require_significance``.
+    ``plausibility``: the artifact's sanity check (``artifact_check``), two more checks that
+    fail an artifact whose ppl or top-1 accuracy is no better than ignoring context.
     """
     intervals: dict[str, list[float]] = {}
     notes: list[str] = []
@@ -227,6 +261,8 @@ def evaluate_gate(
                 field=name,
             )
         )
+    if plausibility is not None:
+        checks += plausibility_checks(plausibility)
     return GateResult(checks=checks, significance=significance, notes=notes)
 
 

@@ -74,6 +74,8 @@ class EvalInfo(WindowsInfo):
     # "sampled-tail" (top-k exact + sampled tail) or "top-k+rest" (a lower bound); None: schema 1
     kld_estimator: str | None = None
     score: str = "all"  # the positions scored: all | second_half (schema 2)
+    # the baseline sanity guard: passed | implausible (let through) | not judged (too few tokens)
+    baseline_check: str | None = None
 
 
 class BaselineInfo(Record):

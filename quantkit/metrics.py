@@ -43,6 +43,9 @@ _QUALITY = frozenset(
         "kld_median",
         "kld_p99",
         "top1_agreement_pct",
+        "top1_accuracy_pct",
+        "unigram_ppl",
+        "unigram_top1_pct",
         "delta_p_mean",
         "tokens",
     }
@@ -58,6 +61,13 @@ _ALL = [
     MetricInfo("top1_agreement_pct", "%", True, True, "pct", "tokens whose argmax matches the baseline's"),
     MetricInfo(
         "delta_p_mean", "", True, True, "prob_delta", "mean change in probability of the correct token"
+    ),
+    MetricInfo("top1_accuracy_pct", "%", True, False, "pct", "tokens whose argmax is the actual next token"),
+    MetricInfo(
+        "unigram_ppl", "", False, False, "ppl", "perplexity of the scored tokens' own unigram frequencies"
+    ),
+    MetricInfo(
+        "unigram_top1_pct", "%", True, False, "pct", "top-1 accuracy of always guessing the commonest token"
     ),
     MetricInfo("tokens", "", True, False, "count", "tokens scored"),
     MetricInfo(

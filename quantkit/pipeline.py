@@ -60,6 +60,7 @@ class QuantizeRequest:
     bench: bool | None = None  # None: the recipe's bench.enabled, unless QUANTKIT_NO_BENCH is set
     restart: bool = False  # discard an interrupted run of the same command instead of resuming it
     name: str | None = None  # the run's display name (default: the recipe's)
+    allow_implausible_baseline: bool = False  # go on past the baseline sanity guard
 
 
 @dataclass
@@ -157,7 +158,11 @@ def _run_quantize(request: QuantizeRequest, reporter: Reporter) -> RunResult:
     except BaseException:
         writer.release()  # an earlier run's kept stages are left exactly as they were
         raise
-    settings = RunSettings(verbose=request.verbose, trust_remote_code=request.trust_remote_code)
+    settings = RunSettings(
+        verbose=request.verbose,
+        trust_remote_code=request.trust_remote_code,
+        allow_implausible_baseline=request.allow_implausible_baseline,
+    )
     ctx = RunContext(
         recipe, source, device, backend, writer, journal, reporter, tokens, RunResults(), settings
     )

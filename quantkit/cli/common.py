@@ -11,6 +11,13 @@ FormatOption = typer.Option(
     OutputFormat.human, "--format", "-f", help="human: tables and progress; json: data on stdout"
 )
 
+AllowImplausibleOption = typer.Option(
+    False,
+    "--allow-implausible-baseline",
+    help="go on when the baseline fails the sanity guard (ppl not below the unigram ppl, or top-1 "
+    "not above the commonest token's share, on the eval text)",
+)
+
 
 def device_option(default_help: str) -> DeviceChoice | None:
     """``--device auto|cpu|cuda`` (typer refuses anything else as a usage error, exit 2)."""

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 import typer
 from pydantic import JsonValue
 
-from quantkit.cli.common import FormatOption, device_option, device_value
+from quantkit.cli.common import AllowImplausibleOption, FormatOption, device_option, device_value
 from quantkit.cli.output import OutputFormat, RichReporter, emit_json, stderr, stdout
 from quantkit.device import DeviceChoice
 from quantkit.errors import UserInputError
@@ -49,12 +49,14 @@ def eval_tasks(
     bench: bool = typer.Option(False, "--bench/--no-bench", help="with --baseline: measure speed and memory"),
     overwrite: bool = typer.Option(False, "--overwrite", help="replace an existing --out folder"),
     device: DeviceChoice | None = device_option("the run's"),
+    allow_implausible_baseline: bool = AllowImplausibleOption,
     output_format: OutputFormat = FormatOption,
 ) -> None:
     """Run lm-eval tasks on each run's artifact and its baseline, updating the run; or, with
     --baseline, evaluate artifacts quantkit did not make (a run of kind external each)."""
     if baseline is None:
-        given = [flag for flag, value in _external_only(recipe, overrides, out, name, bench) if value]
+        external = _external_only(recipe, overrides, out, name, bench, allow_implausible_baseline)
+        given = [flag for flag, value in external if value]
         if given:
             raise UserInputError(f"{given[0]} needs --baseline", "quantkit eval --baseline MODEL ARTIFACT...")
     records = _load_runs(targets) if baseline is None else []  # damaged runs first, then flags
@@ -74,6 +76,7 @@ def eval_tasks(
             bench=bench,
             overwrite=overwrite,
             device=device_value(device),
+            allow_implausible_baseline=allow_implausible_baseline,
         )
         evaluate_external(request, output_format)
         return
@@ -82,9 +85,16 @@ def eval_tasks(
 
 
 def _external_only(
-    recipe: str | None, overrides: list[str], out: Path | None, name: str | None, bench: bool
+    recipe: str | None, overrides: list[str], out: Path | None, name: str | None, bench: bool, allow: bool
 ) -> list[tuple[str, object]]:
-    return [("--recipe", recipe), ("--set", overrides), ("--out", out), ("--name", name), ("--bench", bench)]
+    return [
+        ("--recipe", recipe),
+        ("--set", overrides),
+        ("--out", out),
+        ("--name", name),
+        ("--bench", bench),
+        ("--allow-implausible-baseline", allow),
+    ]
 
 
 def _lm_eval_spec(

@@ -33,6 +33,7 @@ class ExternalEvalRequest:
     bench: bool = False
     overwrite: bool = False
     device: str | None = None
+    allow_implausible_baseline: bool = False
 
 
 def _recipes(request: ExternalEvalRequest) -> list[tuple[Recipe, str]]:
@@ -75,6 +76,7 @@ def evaluate_external(request: ExternalEvalRequest, output_format: OutputFormat)
             device=request.device,
             bench=request.bench,
             name=name,
+            allow_implausible_baseline=request.allow_implausible_baseline,
         )
         results.append(run_quantize(quantize_request, RichReporter() if human else None))
     if human:

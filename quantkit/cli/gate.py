@@ -111,6 +111,7 @@ def gate(
     ),
     output_format: OutputFormat = FormatOption,
 ) -> None:
+    from quantkit.evals.plausibility import artifact_check
     from quantkit.gate import evaluate_gate, load_gate_file, load_windows, resolve_spec
     from quantkit.store import load_run
 
@@ -160,10 +161,11 @@ def gate(
 
     results: list[tuple[str, GateResult]] = []
     for run, record, spec, sources, windows in plans:
-        metrics: dict[str, float | None] = dict(record.manifest.metrics.values("quantized"))
-        result = evaluate_gate(spec, metrics, windows)
+        quantized = record.manifest.metrics.values("quantized")
+        sanity = artifact_check(record.manifest.metrics.values("baseline"), quantized)
+        result = evaluate_gate(spec, dict[str, float | None](quantized), windows, sanity)
         for check in result.checks:
-            check.source = sources.get(check.field, "")
+            check.source = sources.get(check.field, check.source)
         results.append((str(run), result))
 
     _write_outputs(results, junit, markdown)

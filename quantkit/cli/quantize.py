@@ -6,7 +6,7 @@ from pathlib import Path
 
 import typer
 
-from quantkit.cli.common import FormatOption, device_option, device_value
+from quantkit.cli.common import AllowImplausibleOption, FormatOption, device_option, device_value
 from quantkit.cli.output import OutputFormat, RichReporter, emit_json, stderr, stdout
 from quantkit.device import DeviceChoice
 
@@ -32,6 +32,7 @@ def quantize(
     restart: bool = typer.Option(
         False, "--restart", help="discard an interrupted run of this command instead of resuming it"
     ),
+    allow_implausible_baseline: bool = AllowImplausibleOption,
     output_format: OutputFormat = FormatOption,
 ) -> None:
     """Quantize a model from a recipe, evaluate it against the baseline and store the run."""
@@ -56,6 +57,7 @@ def quantize(
         bench=bench,
         restart=restart,
         name=run_name(resolved, base),
+        allow_implausible_baseline=allow_implausible_baseline,
     )
     result = run_quantize(request, RichReporter() if human else None)
     comparison = table.build([result.record])

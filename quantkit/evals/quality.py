@@ -47,6 +47,7 @@ class PositionScores:
     kld: np.ndarray
     top1_match: np.ndarray
     delta_p: np.ndarray
+    correct: np.ndarray  # the artifact's argmax is the actual next token
 
     def at(self, positions: slice) -> PositionScores:
         """Only the predicted ``positions`` of every window (see ``scored_positions``)."""
@@ -55,6 +56,7 @@ class PositionScores:
             self.kld[:, positions],
             self.top1_match[:, positions],
             self.delta_p[:, positions],
+            self.correct[:, positions],
         )
 
 
@@ -166,7 +168,7 @@ def score(
     from quantkit.runtimes.base import ScoreRequest
 
     ids = np.asarray(windows.ids, dtype=np.int64)
-    nll, kld, top1, delta = [], [], [], []
+    nll, kld, top1, delta, correct = [], [], [], [], []
     for start in range(0, len(ids), batch_size):
         rows = slice(start, start + batch_size)
         batch = ids[rows]
@@ -192,6 +194,7 @@ def score(
         target = scores.target_logprobs.astype(np.float64)
         nll.append(-target)
         top1.append(scores.topk_ids[..., 0] == ref_ids[..., 0])
+        correct.append(scores.topk_ids[..., 0] == batch[:, 1:])
         delta.append(np.exp(target) - np.exp(reference.target_logprobs[rows].astype(np.float64)))
         on_batch(len(batch))
     return PositionScores(
@@ -199,13 +202,30 @@ def score(
         kld=np.concatenate(kld),
         top1_match=np.concatenate(top1),
         delta_p=np.concatenate(delta),
+        correct=np.concatenate(correct),
     )
 
 
-def baseline_metrics(reference: Reference) -> dict[str, float]:
-    """The baseline's own perplexity (from its reference) and the token count."""
+def baseline_metrics(reference: Reference, targets: np.ndarray) -> dict[str, float]:
+    """The baseline's own perplexity and top-1 accuracy (from its reference), the token count,
+    and the context-free bars on the same ``targets`` (the tokens the reference predicts)."""
+    from quantkit.evals.plausibility import unigram_figures
+
     nll = -reference.target_logprobs.astype("float64")
-    return {"ppl": math.exp(float(nll.mean())), "tokens": float(nll.size)}
+    correct = reference.topk_ids[..., 0] == targets
+    return {
+        "ppl": math.exp(float(nll.mean())),
+        "top1_accuracy_pct": 100.0 * float(correct.mean()),
+        "tokens": float(nll.size),
+        **unigram_figures(targets),
+    }
+
+
+def targets(windows: TokenWindows, positions: slice) -> np.ndarray:
+    """The actual next tokens at the predicted ``positions`` of every window."""
+    import numpy as np
+
+    return np.asarray(windows.ids, dtype=np.int64)[:, 1:][:, positions]
 
 
 def summarize(scores: PositionScores, baseline_ppl: float) -> dict[str, float]:
@@ -220,6 +240,7 @@ def summarize(scores: PositionScores, baseline_ppl: float) -> dict[str, float]:
         "kld_median": float(np.median(scores.kld)),
         "kld_p99": float(np.percentile(scores.kld, 99)),
         "top1_agreement_pct": 100.0 * float(scores.top1_match.mean()),
+        "top1_accuracy_pct": 100.0 * float(scores.correct.mean()),
         "delta_p_mean": float(scores.delta_p.mean()),
         "tokens": float(scores.nll.size),
     }

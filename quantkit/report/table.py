@@ -181,6 +181,25 @@ def _run_row(record: RunRecord, index: int) -> Row:
     return row
 
 
+def _implausible(members: list[RunRecord]) -> list[str]:
+    """Warnings for a baseline let through the sanity guard and for implausible artifacts."""
+    from quantkit.evals.plausibility import artifact_check, plausibility
+
+    baseline = members[0].manifest.metrics.values("baseline")
+    base = plausibility(baseline)
+    if base is not None and base.failures():
+        return [
+            f"the baseline is implausible on the eval text ({'; '.join(base.failures())}), let through "
+            "with --allow-implausible-baseline: every figure against it is suspect"
+        ]
+    out = []
+    for run in members:
+        check = artifact_check(baseline, run.manifest.metrics.values("quantized"))
+        if check is not None and check.failures():
+            out.append(f"{run.manifest.display_name} is implausible: {'; '.join(check.failures())}")
+    return out
+
+
 def build(runs: list[RunRecord]) -> Comparison:
     """Group runs by baseline, keep the order they were given in, and warn where a group's
     runs used different library versions."""
@@ -208,6 +227,7 @@ def build(runs: list[RunRecord]) -> Comparison:
                 "(~78 % of the full KLD at top_k 32 on SmolLM2; docs/evaluation.md): "
                 "not comparable with sampled-tail KLDs"
             )
+        group.warnings += _implausible(members)
         if any(row["task_recovery_pct"] is not None for row in group.rows[1:]):
             group.rows[0]["task_recovery_pct"] = 100.0
         groups.append(group)

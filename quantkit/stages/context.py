@@ -41,6 +41,7 @@ class RunSettings:
 
     verbose: bool = False
     trust_remote_code: bool = False
+    allow_implausible_baseline: bool = False  # go on past the baseline sanity guard
 
 
 class Tokens:

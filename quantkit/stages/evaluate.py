@@ -32,6 +32,7 @@ class EvaluateStage(Stage[EvaluateResult]):
             score,
             scored_positions,
             summarize,
+            targets,
         )
         from quantkit.runtimes import open_runtime
         from quantkit.runtimes.base import RuntimeSettings
@@ -57,7 +58,7 @@ class EvaluateStage(Stage[EvaluateResult]):
         positions = scored_positions(ctx.recipe.eval.score, windows.seq_len)
         scores, reference = scores.at(positions), reference.at(positions)
         result = EvaluateResult(
-            metrics=summarize(scores, baseline_metrics(reference)["ppl"]),
+            metrics=summarize(scores, baseline_metrics(reference, targets(windows, positions))["ppl"]),
             window_scores=per_window(scores, reference),
             runtime=kind,
             kld_estimator=estimator,

@@ -45,18 +45,20 @@ class ReferenceStage(Stage[ReferenceResult]):
 
     def run(self, ctx: RunContext) -> StageOutput[ReferenceResult]:
         from quantkit.evals import reference as ref
-        from quantkit.evals.quality import baseline_metrics, scored_positions
+        from quantkit.evals.quality import baseline_metrics, scored_positions, targets
         from quantkit.runtimes.base import RuntimeSettings
         from quantkit.runtimes.hf import HFRuntime
 
         key = reference_key(ctx)
         cached = ref.load_cached(key)
+        windows = ctx.tokens.eval_windows()
+        positions = scored_positions(ctx.recipe.eval.score, windows.seq_len)
         if cached is not None:
             ctx.reporter.log(f"baseline reference: cached ({key[:12]})")
-            positions = scored_positions(ctx.recipe.eval.score, ctx.recipe.eval.seq_len)
-            result = ReferenceResult(key=key, cached=True, baseline=baseline_metrics(cached.at(positions)))
+            baseline = baseline_metrics(cached.at(positions), targets(windows, positions))
+            result = ReferenceResult(key=key, cached=True, baseline=baseline)
+            _guard(ctx, result)
             return StageOutput(result, [ref.cache_path(key)])
-        windows = ctx.tokens.eval_windows()
         start = time.perf_counter()
         with ctx.reporter.stage("baseline reference", total=len(windows.ids)) as advance:
             settings = RuntimeSettings(
@@ -73,11 +75,25 @@ class ReferenceStage(Stage[ReferenceResult]):
         result = ReferenceResult(
             key=key,
             cached=False,
-            baseline=baseline_metrics(reference.at(scored_positions(spec.score, spec.seq_len))),
+            baseline=baseline_metrics(reference.at(positions), targets(windows, positions)),
             seconds=round(time.perf_counter() - start, 3),
         )
+        _guard(ctx, result)  # the reference stays cached: --allow-implausible-baseline reuses it
         return StageOutput(result, [path])
 
     def reused(self, ctx: RunContext, result: StageResult) -> None:
         if isinstance(result, ReferenceResult):
             ctx.reporter.log(f"baseline reference: cached ({result.key[:12]})")
+            _guard(ctx, result)
+
+
+def _guard(ctx: RunContext, result: ReferenceResult) -> None:
+    """The baseline sanity guard: an implausible baseline stops the run before quantizing."""
+    from quantkit.evals.plausibility import check_baseline, plausibility
+
+    check = plausibility(result.baseline)
+    if check is None:
+        return
+    check_baseline(check, ctx.settings.allow_implausible_baseline)
+    if not check.plausible:
+        ctx.reporter.log("the baseline is implausible; going on (--allow-implausible-baseline)")

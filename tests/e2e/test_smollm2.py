@@ -58,6 +58,16 @@ def test_fp8_dynamic_costs_a_little_quality(fp8_run: Path) -> None:
     assert _manifest(fp8_run)["artifact"]["disk_bytes"] < 0.6 * _manifest(fp8_run)["model"]["disk_bytes"]
 
 
+def test_the_real_baseline_passes_the_sanity_guard_by_far(fp8_run: Path) -> None:
+    manifest = _manifest(fp8_run)
+    assert manifest["eval"]["baseline_check"] == "passed"
+    baseline = {key: record["value"] for key, record in manifest["metrics"]["baseline"].items()}
+    assert 10 < baseline["ppl"] < 0.2 * baseline["unigram_ppl"]  # measured: 20.0 against 259
+    assert baseline["top1_accuracy_pct"] > 4 * baseline["unigram_top1_pct"]  # 43 % against 7 %
+    quantized = manifest["metrics"]["quantized"]["top1_accuracy_pct"]["value"]
+    assert abs(quantized - baseline["top1_accuracy_pct"]) < 3
+
+
 def test_baseline_perplexity_matches_transformers_loss(fp8_run: Path, smollm2: Path) -> None:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer

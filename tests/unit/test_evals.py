@@ -11,6 +11,7 @@ from toy_runtime import TemperedRuntime, TopKOnlyRuntime
 from quantkit.calibration import eval_windows
 from quantkit.evals import reference as ref
 from quantkit.evals.quality import baseline_metrics, score, summarize
+from quantkit.evals.quality import targets as scored_targets
 from quantkit.runtimes.base import RuntimeSettings
 from quantkit.runtimes.hf import HFRuntime
 from quantkit.specs import EvalSpec
@@ -43,7 +44,8 @@ def _log_probs(runtime: HFRuntime, ids: np.ndarray, scale: float = 1.0) -> torch
 def test_baseline_against_itself_has_zero_distance(setup) -> None:
     runtime, windows = setup
     reference = ref.compute(runtime, windows, ref.ReferenceShape(8, 2), key="k")
-    metrics = summarize(score(runtime, windows, reference, 2), baseline_metrics(reference)["ppl"])
+    baseline = baseline_metrics(reference, scored_targets(windows, slice(0, None)))
+    metrics = summarize(score(runtime, windows, reference, 2), baseline["ppl"])
     assert metrics["kld_mean"] == pytest.approx(0.0, abs=1e-6)
     assert metrics["top1_agreement_pct"] == 100.0
     assert metrics["ppl_increase_pct"] == pytest.approx(0.0, abs=1e-4)
@@ -57,7 +59,8 @@ def test_perplexity_matches_transformers_loss(setup) -> None:
     with torch.inference_mode():
         losses = [runtime.model(input_ids=row[None], labels=row[None]).loss.item() for row in ids]
     independent = math.exp(sum(losses) / len(losses))  # equal-length windows: mean of means
-    assert baseline_metrics(reference)["ppl"] == pytest.approx(independent, rel=1e-5)
+    baseline = baseline_metrics(reference, scored_targets(windows, slice(0, None)))
+    assert baseline["ppl"] == pytest.approx(independent, rel=1e-5)
     scored = summarize(score(runtime, windows, reference, 3), 1.0)
     assert scored["ppl"] == pytest.approx(independent, rel=1e-5)
 
@@ -186,8 +189,9 @@ def test_second_half_scores_what_llama_perplexity_scores(setup) -> None:
     p = _log_probs(runtime, windows.ids)
     targets = torch.as_tensor(windows.ids)[:, 1:, None]
     nll = -p.gather(-1, targets).squeeze(-1)[:, 24:]
-    assert baseline_metrics(reference)["tokens"] == 3 * 23
-    assert baseline_metrics(reference)["ppl"] == pytest.approx(math.exp(nll.double().mean().item()), rel=1e-5)
+    baseline = baseline_metrics(reference, scored_targets(windows, positions))
+    assert baseline["tokens"] == 3 * 23
+    assert baseline["ppl"] == pytest.approx(math.exp(nll.double().mean().item()), rel=1e-5)
     scored = score(
         _tempered(runtime, 0.7), windows, ref.compute(runtime, windows, ref.ReferenceShape(8, 3), key="h"), 3
     )
