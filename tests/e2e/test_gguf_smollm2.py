@@ -365,3 +365,37 @@ def test_the_gguf_files_are_the_ones_llama_perplexity_scored(runs: dict[str, dic
         assert abs(row["ppl_diff_pct"]) <= 0.5 and abs(row["kld_diff_pct"]) <= 2.0
         assert file_sha256(Path(runs[name]["_path"]) / "artifact" / "model.gguf") == row["gguf_sha256"]
         assert runs[name]["artifact"]["details"]["source_gguf"]["sha256"] == recorded["f16"]["sha256"]
+
+
+PLANNED = {
+    "f16": ["gguf-q8_0", "--set", "options.type=F16"],
+    "q8_0": ["gguf-q8_0"],
+    "q4_k_m": ["gguf-q4_k_m"],
+    "iq4_xs": ["gguf-iq4_xs-imatrix", "--set", "options.imatrix=false"],
+    "iq4_xs-imatrix": ["gguf-iq4_xs-imatrix"],
+}
+
+
+@pytest.mark.parametrize("name", list(PLANNED))
+def test_plan_predicts_every_tensor_type_and_the_file_size(
+    runs: dict[str, dict], name: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`quantkit plan` picks each tensor's type as llama-quantize did (SmolLM2's 576-wide rows
+    fall back from the k-quants), and its size estimate is the file's within 1 %."""
+    import gguf
+
+    from quantkit.models import resolve_model
+    from quantkit.plan import gguf_tensor_types
+
+    manifest = runs[name]
+    path = Path(manifest["_path"]) / "artifact" / "model.gguf"
+    tensors = gguf.GGUFReader(path).tensors
+    written = {t.name: t.tensor_type.name for t in tensors if len(t.shape) > 1}  # 1-D: F32, named per arch
+    options = manifest["recipe"]["options"]
+    predicted = gguf_tensor_types(resolve_model("smollm2-135m").path, options["type"], options["imatrix"])
+    assert len(predicted) == len(tensors)
+    assert {tensor.name: kind for tensor, kind in predicted if len(tensor.ne) > 1} == written
+    capsys.readouterr()
+    assert main(["plan", *PLANNED[name], "--format", "json"]) == 0
+    estimate = json.loads(capsys.readouterr().out)["quantized_weights_bytes"]
+    assert estimate == pytest.approx(path.stat().st_size, rel=0.01)

@@ -135,3 +135,25 @@ def test_nextword_accuracy_tells_fp8_from_4bit_rtn(runs: dict[str, dict], capsys
     )
     assert fp8_acc["value"] - rtn_acc["value"] > max(fp8_acc["stderr"], rtn_acc["stderr"])
     assert fp8["recovery_pct"][task] > 90
+
+
+PLANNED = {
+    "fp8": ["fp8-dynamic"],
+    "rtn-sym": ["rtn-w4a16-g64"],
+    "rtn-asym": ["rtn-w4a16-g64", "--set", "options.symmetric=false"],
+    "gptq": ["gptq-w4a16-g64"],
+}
+
+
+@pytest.mark.parametrize("name", list(PLANNED))
+def test_plan_estimates_the_artifact_weights_within_5_percent(
+    runs: dict[str, dict], name: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Embeddings and norms stay in the source's dtype (fp32 for the embedded SmolLM2); the
+    linear layers take the scheme's bits."""
+    from quantkit.plan import tensor_bytes
+
+    capsys.readouterr()
+    assert main(["plan", *PLANNED[name], "--format", "json"]) == 0
+    estimate = json.loads(capsys.readouterr().out)["quantized_weights_bytes"]
+    assert estimate == pytest.approx(tensor_bytes(Path(runs[name]["_path"]) / "artifact"), rel=0.05)
