@@ -105,11 +105,22 @@ def source_digest(src: TextSource, role: Role) -> JsonDict:
     return info
 
 
-def _token_stream(texts: list[str], tokenizer: PreTrainedTokenizerBase, bos: int | None) -> np.ndarray:
-    """The documents joined by blank lines as one stream of ids, led by ``bos`` when set."""
+def window_text(
+    spec: TextSource, tokenizer: PreTrainedTokenizerBase, role: Role, chat_template: bool = False
+) -> str:
+    """The one text a role's windows are tokenized from: its documents (each in the model's
+    chat template with ``chat_template``) joined by blank lines."""
+    texts = load_texts(spec, role)
+    if chat_template:
+        texts = _as_chat(texts, tokenizer)
+    return "\n\n".join(texts)
+
+
+def _token_stream(text: str, tokenizer: PreTrainedTokenizerBase, bos: int | None) -> np.ndarray:
+    """The text as one stream of ids, led by ``bos`` when set."""
     import numpy as np
 
-    ids = tokenizer("\n\n".join(texts), add_special_tokens=False)["input_ids"]
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
     return np.asarray(([] if bos is None else [bos]) + list(ids), dtype=np.int64)
 
 
@@ -156,11 +167,9 @@ def calibration_windows(spec: CalibrationSpec, tokenizer: PreTrainedTokenizerBas
     """``num_samples`` non-overlapping windows drawn from the calibration text with ``seed``."""
     import numpy as np
 
-    texts = load_texts(spec, "calibration")
-    if spec.chat_template:
-        texts = _as_chat(texts, tokenizer)
     bos = window_bos(tokenizer, spec.add_bos, "calibration")
-    stream = _token_stream(texts, tokenizer, bos)
+    text = window_text(spec, tokenizer, "calibration", spec.chat_template)
+    stream = _token_stream(text, tokenizer, bos)
     chunks = _windows(stream, spec.seq_len, spec.num_samples, "calibration", "calibration", bos)
     rng = np.random.default_rng(spec.seed)
     picked = np.sort(rng.choice(len(chunks), size=spec.num_samples, replace=False))
@@ -177,7 +186,7 @@ def eval_windows(spec: EvalSpec, tokenizer: PreTrainedTokenizerBase) -> TokenWin
     """The first ``num_windows`` consecutive windows of the evaluation text, each led by the
     model's BOS when its tokenizer adds one (``quantkit.special_tokens``)."""
     bos = window_bos(tokenizer, spec.add_bos, "eval")
-    stream = _token_stream(load_texts(spec, "eval"), tokenizer, bos)
+    stream = _token_stream(window_text(spec, tokenizer, "eval"), tokenizer, bos)
     ids = _windows(stream, spec.seq_len, spec.num_windows, "eval", "eval", bos)[: spec.num_windows]
     source = source_digest(spec, "eval") | {"bos": bos}
     return TokenWindows(ids=ids, seq_len=spec.seq_len, hash=hash_ids(ids, bos), source=source)

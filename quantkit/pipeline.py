@@ -143,11 +143,12 @@ def _run_quantize(request: QuantizeRequest, reporter: Reporter) -> RunResult:
     tokens = Tokens(recipe, source, backend.requires_calibration(), request.trust_remote_code)
     with reporter.stage("tokenizing evaluation text"):
         windows = tokens.eval_windows()
-    backend.check_vocabulary(tokens.tokenizer(), windows.ids.ravel().tolist())
     calibration = None
     if tokens.needs_calibration:
         with reporter.stage("tokenizing calibration text"):
             calibration = tokens.calibration_windows()
+    _check_gguf_tokenizer(source, tokens)
+    backend.check_vocabulary(tokens.tokenizer(), windows.ids.ravel().tolist())
 
     if request.restart and partial_dir(final_dir).is_dir() and not remove_partial(partial_dir(final_dir)):
         raise OutputError(f"another quantkit process is writing '{final_dir}'", "wait for it to finish")
@@ -198,6 +199,17 @@ def _run_quantize(request: QuantizeRequest, reporter: Reporter) -> RunResult:
     return RunResult(
         record=RunRecord(path=path, manifest=manifest), gate=manifest.gate, timings=manifest.timings
     )
+
+
+def _check_gguf_tokenizer(source: ModelSource, tokens: Tokens) -> None:
+    """A model converted from a GGUF tokenizes this run's own texts as llama.cpp does, or the
+    run is refused (the built-in texts were checked at conversion)."""
+    gguf = source.gguf()
+    texts = tokens.own_texts() if gguf is not None else {}
+    if gguf is not None and texts:
+        from quantkit.gguf_source import check_tokenizer
+
+        check_tokenizer(tokens.tokenizer(), gguf, texts)
 
 
 def _resume_info(journal: Journal) -> ResumeInfo:

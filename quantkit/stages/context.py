@@ -75,6 +75,19 @@ class Tokens:
             self._eval = eval_windows(self.recipe.eval, self.tokenizer())
         return self._eval
 
+    def own_texts(self) -> dict[str, str]:
+        """The texts this run's windows come from, by role, where they are not the built-in
+        ones as they are (which a GGUF source's tokenizer was checked on when converted)."""
+        from quantkit.calibration import window_text
+
+        texts: dict[str, str] = {}
+        if self.recipe.eval.source != "builtin":
+            texts["eval"] = window_text(self.recipe.eval, self.tokenizer(), "eval")
+        spec = self.recipe.calibration
+        if self.needs_calibration and spec is not None and (spec.source != "builtin" or spec.chat_template):
+            texts["calibration"] = window_text(spec, self.tokenizer(), "calibration", spec.chat_template)
+        return texts
+
     def calibration_windows(self) -> TokenWindows | None:
         """Calibration tokens, or None when the backend's options need none."""
         if not self.needs_calibration or self.recipe.calibration is None:

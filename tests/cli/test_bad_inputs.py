@@ -240,7 +240,9 @@ def test_embedded_model_with_a_truncated_gguf(tmp_path: Path) -> None:
         env=env,
     )
     assert_clean_failure(result, "truncated", tmp_path)
-    assert not (tmp_path / "empty-cache" / "models" / "smollm2-135m-instruct-v2").exists()
+    from quantkit.models import _EMBEDDED, DEFAULT_MODEL
+
+    assert not (tmp_path / "empty-cache" / "models" / _EMBEDDED[DEFAULT_MODEL]["folder"]).exists()
 
 
 def test_run_with_a_truncated_artifact(tmp_path: Path, tiny_model: Path) -> None:

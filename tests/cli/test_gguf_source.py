@@ -143,3 +143,44 @@ def test_a_hub_gguf_is_downloaded_converted_and_checked(
     check_tokenizer(AutoTokenizer.from_pretrained(source.path), shipped_gguf(), builtin_texts())
     with pytest.raises(ModelSourceError, match="not reachable and it is not cached"):  # offline
         resolve_model("someone/smol-gguf:other.gguf")
+
+
+def test_special_token_strings_count_as_those_tokens_in_the_check(isolated_cache: Path) -> None:
+    """Text with chat markers (a chat-templated calibration set) tokenizes the same in both when
+    llama.cpp parses special tokens as HF tokenizers do; with llama-perplexity's plain-text
+    rule the check refused SmolLM2's own tokenizer here ('<|im_start|>' split into 8 pieces)."""
+    from quantkit.gguf_source import GGUFMetadata, check_tokenizer, repaired_tokenizer
+
+    meta = GGUFMetadata(shipped_gguf())
+    tokenizer = repaired_tokenizer(meta, isolated_cache)
+    check_tokenizer(tokenizer, meta.path, {"chat": "<|im_start|>user\nhi<|im_end|>\n<|endoftext|> x"})
+
+
+def test_a_run_on_its_own_text_checks_the_gguf_tokenizer_on_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The conversion checked the built-in texts; a run on other text is checked on that text
+    too: a tokenizer that differs only there (here: one added token) is refused before
+    anything is made."""
+    from transformers import AutoTokenizer
+
+    from quantkit.calibration import load_texts
+    from quantkit.cli import main
+    from quantkit.models import resolve_model
+    from quantkit.specs import TextSource
+
+    gguf = tmp_path / "smol.gguf"
+    os.link(shipped_gguf(), gguf)  # its own path: its own converted folder
+    folder = resolve_model(str(gguf)).path
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    tokenizer.add_tokens(["zqxj"])
+    tokenizer.save_pretrained(folder)
+    own = tmp_path / "own.txt"
+    own.write_text("We saw zqxj twice. " + load_texts(TextSource(), "eval")[0], encoding="utf-8")
+    out = tmp_path / "run"
+    args = ["quantize", "fp8-dynamic", "--model", str(gguf), "--out", str(out), "--no-bench"]
+    args += ["--set", f"eval.source={own}", "--set", "eval.num_windows=1", "--set", "eval.seq_len=64"]
+    assert main(args) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert "differs from llama.cpp's on the eval text at token 2: ['Ġ', 'zqxj'" in err, err
+    assert not out.exists()

@@ -40,8 +40,13 @@ def _manifest(run: Path) -> dict:
 def test_embedded_model_is_a_real_llama_with_llama_cpp_digit_splitting(smollm2: Path) -> None:
     from transformers import AutoConfig, AutoTokenizer
 
+    from quantkit.plan import stored_dtypes
+
     config = AutoConfig.from_pretrained(smollm2)
     assert (config.model_type, config.hidden_size, config.num_hidden_layers) == ("llama", 576, 30)
+    # cached in the GGUF's precision class (Q4_1 blocks with fp16 scales), not fp32
+    assert str(config.dtype).removeprefix("torch.") == "float16"
+    assert set(stored_dtypes(smollm2)) == {"F16"}
     tokenizer = AutoTokenizer.from_pretrained(smollm2)
     ids = tokenizer("in 2024", add_special_tokens=False)["input_ids"]
     pieces = tokenizer.convert_ids_to_tokens(ids)
@@ -55,7 +60,8 @@ def test_fp8_dynamic_costs_a_little_quality(fp8_run: Path) -> None:
     assert 0 < quantized["ppl_increase_pct"]["value"] < 10
     assert 0 < quantized["kld_mean"]["value"] < 0.1
     assert quantized["top1_agreement_pct"]["value"] > 80
-    assert _manifest(fp8_run)["artifact"]["disk_bytes"] < 0.6 * _manifest(fp8_run)["model"]["disk_bytes"]
+    # the fp16 source's linear layers halve; its tied 49k x 576 embedding stays fp16: 0.62 measured
+    assert _manifest(fp8_run)["artifact"]["disk_bytes"] < 0.65 * _manifest(fp8_run)["model"]["disk_bytes"]
 
 
 def test_the_real_baseline_passes_the_sanity_guard_by_far(fp8_run: Path) -> None:
