@@ -19,6 +19,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar, Protocol, TypeAlias
 
 if TYPE_CHECKING:
+    from collections.abc import Iterable
+
     import numpy as np
     import torch
     from typing_extensions import Self
@@ -150,35 +152,88 @@ class Runtime(Protocol):
 RuntimeClass: TypeAlias = "type[Runtime]"
 
 
+_CHUNK_ELEMENTS = 1 << 24  # a full-vocabulary temporary per chunk of positions: ~64 MB of float32
+
+
 def scores_from_log_probs(log_probs: torch.Tensor, request: ScoreRequest) -> Scores:
     """Scores from full-vocabulary log-probs ``[B, L, V]``, for the runtimes that hold the
     whole distribution. Residual masses are exact (logsumexp of the rest)."""
+    return scores_from_logits(iter(log_probs), request, normalized=True)
+
+
+def scores_from_logits(
+    rows: Iterable[torch.Tensor], request: ScoreRequest, normalized: bool = False
+) -> Scores:
+    """Scores from each window's full-vocabulary logits ``[L, V]``, in order (log-probs when
+    ``normalized``). Windows and positions are taken a chunk at a time, so no temporary the
+    size of a whole batch's distribution exists (Gemma 3's 262k vocabulary: 2.1 GB per
+    4 x 512 tokens); the tail samples are drawn in the same order as ``sample_tail``'s."""
     import torch
 
-    lp = log_probs[:, :-1].float()
     ids = torch.as_tensor(request.ids, dtype=torch.long)
-    target = lp.gather(-1, ids[:, 1:, None]).squeeze(-1)
+    asked_all = (
+        None if request.reference_ids is None else torch.as_tensor(request.reference_ids, dtype=torch.long)
+    )
+    generator = torch.Generator().manual_seed(request.seed)
+    parts: dict[str, list[torch.Tensor]] = {}
+    for index, logits in enumerate(rows):
+        chunk = max(1, _CHUNK_ELEMENTS // logits.shape[-1])
+        for start in range(0, logits.shape[0] - 1, chunk):
+            stop = min(start + chunk, logits.shape[0] - 1)
+            lp = logits[start:stop].float()
+            if not normalized:
+                lp = torch.log_softmax(lp, dim=-1)
+            asked = None if asked_all is None else asked_all[index, start:stop]
+            for key, value in _chunk_scores(lp, ids[index, start + 1 : stop + 1], asked, request, generator):
+                parts.setdefault(key, []).append(value)
+
+    def joined(key: str) -> np.ndarray:
+        per_row: list[torch.Tensor] = parts[key]
+        return torch.cat(per_row).reshape(len(ids), -1, *per_row[0].shape[1:]).numpy()
+
+    scores = Scores(
+        target_logprobs=joined("target"),
+        topk_ids=joined("topk_ids"),
+        topk_logprobs=joined("topk"),
+        rest_logmass=joined("rest"),
+    )
+    if asked_all is not None:
+        scores.reference_logprobs = joined("asked")
+        scores.reference_rest_logmass = joined("asked_rest")
+    if request.tail_samples:
+        scores.tail_ids = joined("tail_ids")
+        scores.tail_logprobs = joined("tail")
+    return scores
+
+
+def _chunk_scores(
+    lp: torch.Tensor,
+    targets: torch.Tensor,
+    asked: torch.Tensor | None,
+    request: ScoreRequest,
+    generator: torch.Generator,
+) -> list[tuple[str, torch.Tensor]]:
+    """The score parts of ``lp`` ``[n, V]`` (n consecutive positions of one window)."""
+    import torch
+
     values, indices = lp.topk(request.top_k, dim=-1)
     if request.top_k == 1:
         rest = torch.log1p(-values[..., 0].exp().clamp(max=1.0 - 1e-7))
     else:
         rest = torch.logsumexp(lp.scatter(-1, indices, float("-inf")), dim=-1)
-    scores = Scores(
-        target_logprobs=target.numpy(),
-        topk_ids=indices.to(torch.int32).numpy(),
-        topk_logprobs=values.numpy(),
-        rest_logmass=rest.numpy(),
-    )
-    if request.reference_ids is not None:
-        asked = torch.as_tensor(request.reference_ids, dtype=torch.long)
+    out = [
+        ("target", lp.gather(-1, targets[:, None]).squeeze(-1)),
+        ("topk_ids", indices.to(torch.int32)),
+        ("topk", values),
+        ("rest", rest),
+    ]
+    if asked is not None:
         picked = lp.gather(-1, asked)
-        scores.reference_logprobs = picked.numpy()
-        scores.reference_rest_logmass = log_mass_outside(picked, asked).numpy()
+        out += [("asked", picked), ("asked_rest", log_mass_outside(picked, asked))]
     if request.tail_samples:
-        tail = sample_tail(lp, indices, request.tail_samples, request.seed)
-        scores.tail_ids = tail.to(torch.int32).numpy()
-        scores.tail_logprobs = lp.gather(-1, tail).numpy()
-    return scores
+        tail = _sample_chunk(lp, indices, request.tail_samples, generator)
+        out += [("tail_ids", tail.to(torch.int32)), ("tail", lp.gather(-1, tail))]
+    return out
 
 
 def log_mass_outside(log_probs: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
@@ -205,16 +260,25 @@ def sample_tail(log_probs: torch.Tensor, top_ids: torch.Tensor, samples: int, se
     import torch
 
     generator = torch.Generator().manual_seed(seed)
-    steps = torch.arange(samples, dtype=torch.float64)
-    chunk = max(1, (1 << 24) // log_probs.shape[-1])  # positions per float64 CDF (~128 MB)
+    chunk = max(1, _CHUNK_ELEMENTS // log_probs.shape[-1])  # positions per float64 CDF (~128 MB)
     rows = []
     for row, top in zip(log_probs, top_ids, strict=True):
-        picked = []
-        for start in range(0, row.shape[0], chunk):
-            part = slice(start, start + chunk)
-            cdf = row[part].double().exp().scatter(-1, top[part].long(), 0.0).cumsum(-1)
-            offset = torch.rand(cdf.shape[0], 1, generator=generator, dtype=torch.float64)
-            points = (steps + offset) / samples * cdf[:, -1:]
-            picked.append(torch.searchsorted(cdf, points).clamp(max=cdf.shape[-1] - 1))
+        picked = [
+            _sample_chunk(row[start : start + chunk], top[start : start + chunk], samples, generator)
+            for start in range(0, row.shape[0], chunk)
+        ]
         rows.append(torch.cat(picked))
     return torch.stack(rows)
+
+
+def _sample_chunk(
+    lp: torch.Tensor, top: torch.Tensor, samples: int, generator: torch.Generator
+) -> torch.Tensor:
+    """``sample_tail`` for ``n`` positions ``[n, V]`` of one window, drawing from ``generator``."""
+    import torch
+
+    steps = torch.arange(samples, dtype=torch.float64)
+    cdf = lp.double().exp().scatter(-1, top.long(), 0.0).cumsum(-1)
+    offset = torch.rand(cdf.shape[0], 1, generator=generator, dtype=torch.float64)
+    points = (steps + offset) / samples * cdf[:, -1:]
+    return torch.searchsorted(cdf, points).clamp(max=cdf.shape[-1] - 1)

@@ -17,10 +17,15 @@ from quantkit.runtimes.base import (
 )
 
 if TYPE_CHECKING:
+    from collections.abc import Iterator
+
+    import torch
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
     from typing_extensions import Self
 
     from quantkit.jsontypes import JsonDict
+
+_LOGIT_ELEMENTS = 1 << 28  # float32 logits one forward pass may make (1 GiB)
 
 
 class HFRuntime(Runtime):
@@ -81,13 +86,23 @@ class HFRuntime(Runtime):
     def score(self, request: ScoreRequest) -> Scores:
         import torch
 
-        from quantkit.runtimes.base import scores_from_log_probs
+        from quantkit.runtimes.base import scores_from_logits
 
         ids = torch.as_tensor(request.ids, dtype=torch.long).to(self.settings.device)
+        # windows per forward pass: at most ~1 GiB of float32 logits (Gemma 3's 262k vocabulary
+        # makes 2.1 GB for 4 x 512 tokens)
+        per_pass = max(
+            1, _LOGIT_ELEMENTS // (ids.shape[1] * int(self.model.config.get_text_config().vocab_size))
+        )
+
+        def rows() -> Iterator[torch.Tensor]:
+            for start in range(0, len(ids), per_pass):
+                with torch.inference_mode():
+                    logits = self.model(input_ids=ids[start : start + per_pass]).logits.cpu()
+                yield from logits
+
         with torch.inference_mode():
-            logits = self.model(input_ids=ids).logits
-            log_probs = torch.log_softmax(logits.float(), dim=-1).cpu()
-        return scores_from_log_probs(log_probs, request)
+            return scores_from_logits(rows(), request)
 
     def _sync(self) -> None:
         if self.settings.device == "cuda":

@@ -11,6 +11,9 @@ from quantkit.errors import ArtifactError, BackendError
 from quantkit.runtimes.base import DeviceMemory, Generation, Runtime, RuntimeSettings, ScoreRequest, Scores
 
 if TYPE_CHECKING:
+    from collections.abc import Iterator
+
+    import torch
     from gguf import GGUFReader
     from llama_cpp import Llama
     from typing_extensions import Self
@@ -110,14 +113,15 @@ class LlamaCppRuntime(Runtime):
         import numpy as np
         import torch
 
-        from quantkit.runtimes.base import scores_from_log_probs
+        from quantkit.runtimes.base import scores_from_logits
 
-        rows = []
-        for row in request.ids.tolist():
-            self.model.reset()
-            self.model.eval(row)
-            rows.append(torch.from_numpy(np.array(self.model.scores[: len(row)], dtype=np.float32)))
-        return scores_from_log_probs(torch.log_softmax(torch.stack(rows), dim=-1), request)
+        def rows() -> Iterator[torch.Tensor]:  # one window's logits at a time
+            for row in request.ids.tolist():
+                self.model.reset()
+                self.model.eval(row)
+                yield torch.from_numpy(np.array(self.model.scores[: len(row)], dtype=np.float32))
+
+        return scores_from_logits(rows(), request)
 
     def generate(self, prompts: list[list[int]], new_tokens: int) -> Generation:
         import numpy as np

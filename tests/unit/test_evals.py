@@ -214,3 +214,27 @@ def test_residual_mass_outside_asked_ids_counts_each_distinct_id_once() -> None:
             expected = math.log(1.0 - float(lp[b, t, distinct].exp().sum()))
             assert scores.reference_rest_logmass[b, t] == pytest.approx(expected, abs=2e-6)
     assert np.allclose(scores.reference_logprobs, lp.gather(-1, asked).numpy(), atol=1e-6)
+
+
+def test_scoring_a_chunk_at_a_time_is_bitwise_the_whole_batch(setup, monkeypatch) -> None:
+    """Large vocabularies are scored a few positions (and windows per forward pass) at a time,
+    so no batch-sized copy of the distribution exists (Gemma 3 on 8 x 512 tokens: peak RSS 10.5
+    GB before, 4.3 GB after); the scores, tail samples included, are the same to the bit."""
+    from quantkit.runtimes import base, hf
+    from quantkit.runtimes.base import ScoreRequest
+
+    runtime, windows = setup
+    asked = np.random.default_rng(0).integers(0, runtime.vocab_size, size=(3, 47, 20))
+    requests = [
+        ScoreRequest(windows.ids, 8, tail_samples=16, seed=3),
+        ScoreRequest(windows.ids, 1, reference_ids=asked),
+    ]
+    whole = [runtime.score(request) for request in requests]
+    monkeypatch.setattr(base, "_CHUNK_ELEMENTS", runtime.vocab_size * 5)  # 5 positions per chunk
+    monkeypatch.setattr(hf, "_LOGIT_ELEMENTS", 1)  # one window per forward pass
+    for before, request in zip(whole, requests, strict=True):
+        after = runtime.score(request)
+        for field in ("target_logprobs", "topk_ids", "topk_logprobs", "rest_logmass", "reference_logprobs",
+                      "reference_rest_logmass", "tail_ids", "tail_logprobs"):  # fmt: skip
+            a, b = getattr(before, field), getattr(after, field)
+            assert (a is None and b is None) or np.array_equal(a, b), field
