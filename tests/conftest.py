@@ -50,6 +50,15 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return make_tiny_llama(tmp_path_factory.mktemp("tiny") / "tiny-llama")
 
 
+@pytest.fixture(scope="module")
+def smollm2(session_cache: Path) -> Path:
+    """The embedded SmolLM2-135M-Instruct's HF folder (converted once into the session cache)."""
+    os.environ["QUANTKIT_CACHE"] = str(session_cache)
+    from quantkit.models import resolve_model
+
+    return resolve_model("smollm2-135m").path
+
+
 # Small enough for a 2-core CI machine; shared by the SmolLM2 end-to-end modules so their runs
 # use the same calibration and eval tokens.
 E2E_BUDGET = [

@@ -5,7 +5,6 @@ flagged; an implausible artifact fails every gate."""
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
 from pathlib import Path
@@ -21,14 +20,6 @@ BUDGET = ["--set", "eval.num_windows=8", "--set", "eval.seq_len=256", "--device"
 # 765 scored tokens for the models refused: the guard judges from 512
 SMALL = ["--set", "eval.num_windows=3", "--set", "eval.seq_len=256", "--device", "cpu", "--no-bench"]
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
-
-
-@pytest.fixture(scope="module")
-def smollm2(session_cache: Path) -> Path:
-    os.environ["QUANTKIT_CACHE"] = str(session_cache)
-    from quantkit.models import resolve_model
-
-    return resolve_model("smollm2-135m").path
 
 
 @pytest.fixture(scope="module")

@@ -18,19 +18,22 @@ pytestmark = pytest.mark.slow
 require_extra("llama_cpp", "gguf")
 
 
+# run name -> recipe and overrides
+RUNS = {
+    "f16": ["gguf-q8_0", "--set", "options.type=F16"],
+    "q8_0": ["gguf-q8_0"],
+    "q4_k_m": ["gguf-q4_k_m"],
+    "iq4_xs": ["gguf-iq4_xs-imatrix", "--set", "options.imatrix=false"],
+    "iq4_xs-imatrix": ["gguf-iq4_xs-imatrix"],
+}
+
+
 @pytest.fixture(scope="module")
 def runs(session_cache: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
     os.environ["QUANTKIT_CACHE"] = str(session_cache)
     root = tmp_path_factory.mktemp("gguf")
-    plan = {
-        "f16": ["gguf-q8_0", "--set", "options.type=F16"],
-        "q8_0": ["gguf-q8_0"],
-        "q4_k_m": ["gguf-q4_k_m"],
-        "iq4_xs": ["gguf-iq4_xs-imatrix", "--set", "options.imatrix=false"],
-        "iq4_xs-imatrix": ["gguf-iq4_xs-imatrix"],
-    }
     manifests = {}
-    for name, args in plan.items():
+    for name, args in RUNS.items():
         out = root / name
         # every type passes its recipe gate on SmolLM2 (Q8_0: max_kld 0.01; 4-bit types: 0.2)
         assert main(["quantize", args[0], "--out", str(out), *E2E_BUDGET, *args[1:]]) == 0
@@ -367,16 +370,7 @@ def test_the_gguf_files_are_the_ones_llama_perplexity_scored(runs: dict[str, dic
         assert runs[name]["artifact"]["details"]["source_gguf"]["sha256"] == recorded["f16"]["sha256"]
 
 
-PLANNED = {
-    "f16": ["gguf-q8_0", "--set", "options.type=F16"],
-    "q8_0": ["gguf-q8_0"],
-    "q4_k_m": ["gguf-q4_k_m"],
-    "iq4_xs": ["gguf-iq4_xs-imatrix", "--set", "options.imatrix=false"],
-    "iq4_xs-imatrix": ["gguf-iq4_xs-imatrix"],
-}
-
-
-@pytest.mark.parametrize("name", list(PLANNED))
+@pytest.mark.parametrize("name", list(RUNS))
 def test_plan_predicts_every_tensor_type_and_the_file_size(
     runs: dict[str, dict], name: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -396,6 +390,6 @@ def test_plan_predicts_every_tensor_type_and_the_file_size(
     assert len(predicted) == len(tensors)
     assert {tensor.name: kind for tensor, kind in predicted if len(tensor.ne) > 1} == written
     capsys.readouterr()
-    assert main(["plan", *PLANNED[name], "--format", "json"]) == 0
+    assert main(["plan", *RUNS[name], "--format", "json"]) == 0
     estimate = json.loads(capsys.readouterr().out)["quantized_weights_bytes"]
     assert estimate == pytest.approx(path.stat().st_size, rel=0.01)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -16,14 +15,6 @@ from quantkit.cli import main
 pytestmark = pytest.mark.slow
 
 BUDGET = ["--set", "eval.num_windows=8", "--set", "eval.seq_len=256", "--device", "cpu"]
-
-
-@pytest.fixture(scope="module")
-def smollm2(session_cache: Path) -> Path:
-    os.environ["QUANTKIT_CACHE"] = str(session_cache)
-    from quantkit.models import resolve_model
-
-    return resolve_model("smollm2-135m").path
 
 
 @pytest.fixture(scope="module")
