@@ -96,18 +96,13 @@ def _inspect_gguf(path: Path) -> ExternalArtifact:
 
     hint = f"give {_WHAT}; a damaged GGUF must be copied or downloaded again"
     files = _split_files(path)
-    check_gguf(path, hint)
+    header = check_gguf(path, hint)
     import gguf
 
     from quantkit.backends.gguf import NOMINAL_BITS
 
-    reader = gguf.GGUFReader(str(path))
-
     def value(key: str) -> JsonValue:
-        entry = reader.fields.get(key)
-        if entry is None:
-            return None
-        contents = entry.contents()
+        contents = header.value(key)
         return contents if isinstance(contents, (str, int, float, bool)) else None
 
     file_type = value("general.file_type")
@@ -273,13 +268,10 @@ def provenance(artifact: ExternalArtifact) -> dict[str, JsonValue]:
 def artifact_tokens(artifact: ExternalArtifact) -> list[str] | None:
     """The artifact's own token strings by id (None when it carries no tokenizer)."""
     if artifact.format == "gguf":
-        import gguf
+        from quantkit.gguf_file import read_gguf
 
-        reader = gguf.GGUFReader(str(artifact.path))
-        entry = reader.fields.get("tokenizer.ggml.tokens")
-        if entry is None:
-            return None
-        return [str(token) for token in entry.contents()]
+        tokens = read_gguf(artifact.path).value("tokenizer.ggml.tokens")
+        return None if tokens is None else [str(token) for token in tokens]
     folder = artifact.path
     if not any((folder / name).is_file() for name in ("tokenizer.json", "tokenizer.model", "vocab.json")):
         return None

@@ -23,8 +23,9 @@ from quantkit.errors import ModelSourceError
 
 if TYPE_CHECKING:
     import torch
-    from gguf import GGUFReader
     from transformers import PreTrainedTokenizerBase
+
+    from quantkit.gguf_file import GGUFFile
 
 CONVERSION_VERSION = 1  # bump when the conversion's output changes
 _SPM_FILE = "tokenizer.model"
@@ -33,15 +34,14 @@ _SPM_FILE = "tokenizer.model"
 class GGUFMetadata:
     """The metadata fields of a GGUF file that the conversion needs (read once)."""
 
-    def __init__(self, path: Path, reader: GGUFReader | None = None) -> None:
-        import gguf
+    def __init__(self, path: Path, header: GGUFFile | None = None) -> None:
+        from quantkit.gguf_file import read_gguf
 
         self.path = path
-        self.fields = (reader or gguf.GGUFReader(str(path))).fields
+        self.fields = (header or read_gguf(path)).fields
 
     def value(self, name: str) -> Any:
-        field = self.fields.get(name)
-        return field.contents() if field is not None else None
+        return self.fields.get(name)
 
     @property
     def architecture(self) -> str:

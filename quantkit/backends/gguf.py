@@ -187,15 +187,14 @@ class GGUFBackend(Backend[GGUFOptions]):
 
 def inspect_gguf(path: Path) -> GGUFInfo:
     """Architecture, tensor-type histogram, parameter count and real bits per weight."""
-    import gguf
+    from quantkit.gguf_file import read_gguf
 
-    reader = gguf.GGUFReader(str(path))
-    field = reader.fields.get("general.architecture")
-    architecture = field.contents() if field is not None else None
-    histogram = Counter(tensor.tensor_type.name for tensor in reader.tensors)
-    params = sum(int(tensor.n_elements) for tensor in reader.tensors)
-    data_bytes = sum(int(tensor.n_bytes) for tensor in reader.tensors)
-    widths = {tensor.name: int(tensor.shape[0]) for tensor in reader.tensors if len(tensor.shape) >= 2}
+    header = read_gguf(path)
+    architecture = header.value("general.architecture")
+    histogram = Counter(tensor.type_name for tensor in header.tensors)
+    params = sum(tensor.n_elements for tensor in header.tensors)
+    data_bytes = sum(tensor.n_bytes for tensor in header.tensors)
+    widths = {tensor.name: tensor.shape[0] for tensor in header.tensors if len(tensor.shape) >= 2}
     return GGUFInfo(
         architecture=None if architecture is None else str(architecture),
         tensor_types=dict(sorted(histogram.items())),

@@ -14,42 +14,42 @@ if TYPE_CHECKING:
     from collections.abc import Iterator
 
     import torch
-    from gguf import GGUFReader
     from llama_cpp import Llama
     from typing_extensions import Self
+
+    from quantkit.gguf_file import GGUFFile
 
 _DAMAGED_HINT = "the file is truncated or damaged: copy it again or re-run quantize"
 
 
-def check_gguf(path: Path, hint: str = _DAMAGED_HINT) -> GGUFReader:
+def check_gguf(path: Path, hint: str = _DAMAGED_HINT) -> GGUFFile:
     """Refuse a file that is not a whole GGUF: wrong magic, unreadable header or metadata,
     or tensor data that runs past the end of the file (a truncated copy or download). Returns
-    the parsed file, so a caller that needs its metadata does not parse it again."""
-    import gguf
+    the parsed header (read once per file and process)."""
+    from quantkit.gguf_file import MAGIC, GGUFFormatError, read_gguf
 
     size = path.stat().st_size
     with path.open("rb") as handle:
         magic = handle.read(4)
-    if magic != b"GGUF":
+    if magic != MAGIC:
         raise ArtifactError(f"'{path}' is not a GGUF file (no GGUF magic)", hint)
     try:
-        reader = gguf.GGUFReader(str(path))
-    except (ValueError, IndexError, KeyError, OSError) as err:
+        header = read_gguf(path)
+    except (GGUFFormatError, OSError) as err:
         first = str(err).splitlines()[0] if str(err) else type(err).__name__
         raise ArtifactError(f"'{path}' is truncated or damaged ({size} bytes): {first}", hint) from None
-    end = max((int(t.data_offset) + int(t.n_bytes) for t in reader.tensors), default=0)
-    if end > size:
+    if header.data_end > size:
         raise ArtifactError(
-            f"'{path}' is truncated: its tensors end at byte {end}, the file has {size}", hint
+            f"'{path}' is truncated: its tensors end at byte {header.data_end}, the file has {size}", hint
         )
-    return reader
+    return header
 
 
 def gguf_file(path: Path) -> Path:
     """The model file of a GGUF artifact (a .gguf file, or a folder holding model.gguf).
 
-    Not checked here: ``check_gguf`` parses all metadata (seconds for a large vocabulary), so
-    the commands that take a GGUF from the user call it once, outside any timed load.
+    Not checked here: ``check_gguf`` reads the whole header, so the commands that take a GGUF
+    from the user call it once, outside any timed load.
     """
     if path.is_file():
         return path
