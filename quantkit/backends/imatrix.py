@@ -51,6 +51,7 @@ def compute(
     sums: dict[str, Any] = {}
     counts: dict[str, int] = {}
     hooks = []
+    hooked: set[torch.nn.Module] = set()
     for module_name, module in model.named_modules():
         if not isinstance(module, torch.nn.Linear):
             continue
@@ -66,12 +67,18 @@ def compute(
             counts[tensor] = counts.get(tensor, 0) + x.shape[0]
 
         hooks.append(module.register_forward_pre_hook(hook))
+        hooked.add(module)
     if not hooks:
         raise BackendError("no linear layer matched a GGUF tensor for the importance matrix", "report this")
+    # The output head is hooked only when it is a tensor of its own (untied): otherwise its
+    # logits are not needed, and over a large vocabulary (Gemma's 262k) they would be the
+    # largest allocation and the largest matmul of the pass. Keep the last position's only.
+    keep = {} if model.get_output_embeddings() in hooked else {"logits_to_keep": 1}
     try:
         with torch.inference_mode():
             for row in windows.ids:
-                model(input_ids=torch.as_tensor(row, dtype=torch.long)[None].to(device))
+                ids = torch.as_tensor(row, dtype=torch.long)[None].to(device)
+                model(input_ids=ids, use_cache=False, **keep)
     finally:
         for handle in hooks:
             handle.remove()
