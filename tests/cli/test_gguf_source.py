@@ -126,7 +126,18 @@ def test_a_hub_gguf_is_downloaded_converted_and_checked(
     monkeypatch.setattr(hub, "HF_HUB_CACHE", str(tmp_path / "hub"))
     monkeypatch.setattr(hub, "HF_HUB_OFFLINE", True)
 
+    import gguf
+
+    parses: list[str] = []
+    real_reader = gguf.GGUFReader
+
+    def counted(path: object, mode: str = "r") -> object:
+        parses.append(str(path))
+        return real_reader(path, mode)
+
+    monkeypatch.setattr(gguf, "GGUFReader", counted)
     source = resolve_model(f"someone/smol-gguf:{SHIPPED_NAME}")
+    assert len(parses) == 1  # config, tokenizer and weights share one parse (four before: 2 s each)
     assert source.kind == "gguf" and source.architecture == "LlamaForCausalLM"
     assert source.path.parent == isolated_cache / "models" / "gguf"
     config = json.loads((source.path / "config.json").read_text())
