@@ -23,9 +23,12 @@ MANIFEST = "manifest.json"
 
 
 def new_run_id(run_name: str) -> str:
-    """A sortable, readable run id: the time, then the run's name as a folder-safe slug."""
+    """A sortable, readable run id: the time, 24 random bits (runs started in the same second
+    by sweep workers on several machines must not collide), then the run's name as a slug."""
+    import secrets
+
     slug = re.sub(r"[^A-Za-z0-9._-]+", "-", run_name).strip("-.") or "run"
-    return time.strftime("%Y%m%d-%H%M%S") + f"-{slug}"
+    return time.strftime("%Y%m%d-%H%M%S") + f"-{secrets.token_hex(3)}-{slug}"
 
 
 def check_output(final_dir: Path, overwrite: bool, protected: list[Path], required_bytes: int = 0) -> None:

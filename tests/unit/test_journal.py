@@ -150,3 +150,15 @@ def test_truncated_gguf_files_are_refused(tmp_path: Path, keep: int) -> None:
     cut.write_bytes(data[:keep])
     with pytest.raises(ArtifactError, match=r"truncated|not a GGUF file"):
         check_gguf(gguf_file(cut.parent))
+
+
+def test_run_ids_made_in_the_same_second_do_not_collide() -> None:
+    """Sweep workers start runs of one recipe at the same moment: ids must still differ, and
+    stay sortable by time with the name readable at the end."""
+    import re
+
+    from quantkit.store import new_run_id
+
+    ids = [new_run_id("gptq w4/g128") for _ in range(50)]
+    assert len(set(ids)) == 50
+    assert all(re.fullmatch(r"\d{8}-\d{6}-[0-9a-f]{6}-gptq-w4-g128", run_id) for run_id in ids), ids[0]
