@@ -167,6 +167,8 @@ class BenchSection(Record):
     artifact: BenchSide
     runtime_baseline: BenchSide | None = None  # the unquantized model in the artifact's runtime
     notes: list[str] = Field(default_factory=list)
+    # sides measured once for a whole sweep and reused here ("baseline", "runtime_baseline")
+    shared: list[str] = Field(default_factory=list)
 
 
 class BenchFailure(Record):

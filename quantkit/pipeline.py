@@ -61,6 +61,7 @@ class QuantizeRequest:
     restart: bool = False  # discard an interrupted run of the same command instead of resuming it
     name: str | None = None  # the run's display name (default: the recipe's)
     allow_implausible_baseline: bool = False  # go on past the baseline sanity guard
+    shared_baseline: Path | None = None  # a sweep's baseline measurements (bench sides) to reuse
 
 
 @dataclass
@@ -163,6 +164,7 @@ def _run_quantize(request: QuantizeRequest, reporter: Reporter) -> RunResult:
         verbose=request.verbose,
         trust_remote_code=request.trust_remote_code,
         allow_implausible_baseline=request.allow_implausible_baseline,
+        shared_baseline=request.shared_baseline,
     )
     ctx = RunContext(
         recipe, source, device, backend, writer, journal, reporter, tokens, RunResults(), settings

@@ -79,38 +79,85 @@ def _settings(spec: BenchSpec, device: str) -> dict[str, JsonValue]:
     }
 
 
+def worker_settings(target: BenchTarget, device: str, spec: BenchSpec) -> WorkerSettings:
+    return WorkerSettings(
+        path=str(target.path),
+        runtime=target.runtime,
+        device=device,
+        prompt_lengths=list(spec.prompt_lengths),
+        decode_tokens=spec.decode_tokens,
+        repeats=spec.repeats,
+        batch_size=spec.batch_size,
+        threads=spec.threads,
+    )
+
+
+class SharedSides:
+    """Bench sides measured once for a sweep and reused by each of its runs: one JSON file
+    per measured model and settings, in a folder every worker sees."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+
+    def path(self, settings: WorkerSettings) -> Path:
+        import hashlib
+
+        digest = hashlib.sha256(settings.model_dump_json().encode()).hexdigest()[:16]
+        return self.folder / f"bench-{digest}.json"
+
+    def get(self, settings: WorkerSettings) -> BenchSide | None:
+        try:
+            return BenchSide.model_validate_json(self.path(settings).read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return None
+
+    def measure(self, settings: WorkerSettings) -> tuple[BenchSide, bool]:
+        """The shared side (measured now when absent); True when it was measured now."""
+        from quantkit.fileio import write_text_atomic
+
+        known = self.get(settings)
+        if known is not None:
+            return known, False
+        side = _worker(settings)
+        write_text_atomic(self.path(settings), side.model_dump_json(indent=2))
+        return side, True
+
+
 def measure(
     baseline: BenchTarget,
     artifact: BenchTarget,
     runtime_baseline: BenchTarget | None,
     device: str,
     spec: BenchSpec,
+    shared: SharedSides | None = None,
 ) -> BenchSection:
     """Bench the baseline (transformers), the artifact (its runtime) and, when given, the
-    unquantized model in the artifact's runtime; each in its own process."""
+    unquantized model in the artifact's runtime; each in its own process. With ``shared``
+    (a sweep), the unquantized sides are measured once and reused by every run."""
     if artifact.runtime == "llamacpp":
         from quantkit.runtimes.llamacpp import check_gguf, gguf_file
 
         check_gguf(gguf_file(artifact.path))  # a damaged file is the user's to fix, before any process starts
+    reused: list[str] = []
 
-    def side(target: BenchTarget) -> BenchSide:
-        settings = WorkerSettings(
-            path=str(target.path),
-            runtime=target.runtime,
-            device=device,
-            prompt_lengths=list(spec.prompt_lengths),
-            decode_tokens=spec.decode_tokens,
-            repeats=spec.repeats,
-            batch_size=spec.batch_size,
-            threads=spec.threads,
-        )
-        return _worker(settings)
+    def unquantized(target: BenchTarget, role: str) -> BenchSide:
+        settings = worker_settings(target, device, spec)
+        if shared is None:
+            return _worker(settings)
+        side, measured = shared.measure(settings)
+        if not measured:
+            reused.append(role)
+        return side
 
+    base = unquantized(baseline, "baseline")
+    quant = _worker(worker_settings(artifact, device, spec))
+    same_runtime = None if runtime_baseline is None else unquantized(runtime_baseline, "runtime_baseline")
     return BenchSection(
         settings=_settings(spec, device),
-        baseline=side(baseline),
-        artifact=side(artifact),
-        runtime_baseline=None if runtime_baseline is None else side(runtime_baseline),
+        baseline=base,
+        artifact=quant,
+        runtime_baseline=same_runtime,
+        shared=reused,
     )
 
 

@@ -12,6 +12,7 @@ from quantkit.stages.results import BenchResult, QuantizeResult
 if TYPE_CHECKING:
     from pydantic import JsonValue
 
+    from quantkit.evals.perf import SharedSides
     from quantkit.specs import BenchSpec
     from quantkit.stages.context import RunContext
 
@@ -46,6 +47,7 @@ class BenchStage(Stage[BenchResult]):
                     None if same_runtime is None else perf.BenchTarget(same_runtime, artifact.runtime),
                     self.device,
                     self.spec,
+                    _shared_sides(ctx),
                 )
             except BackendError as err:  # shown in the run, not journaled: a resume tries again
                 ctx.reporter.log(f"benchmark failed: {err.message}")
@@ -60,3 +62,10 @@ class BenchStage(Stage[BenchResult]):
             seconds=round(time.perf_counter() - start, 3),
         )
         return StageOutput(result)
+
+
+def _shared_sides(ctx: RunContext) -> SharedSides | None:
+    from quantkit.evals.perf import SharedSides
+
+    folder = ctx.settings.shared_baseline
+    return None if folder is None else SharedSides(folder)

@@ -42,6 +42,7 @@ class RunSettings:
     verbose: bool = False
     trust_remote_code: bool = False
     allow_implausible_baseline: bool = False  # go on past the baseline sanity guard
+    shared_baseline: Path | None = None  # a sweep's folder of baseline measurements every run reuses
 
 
 class Tokens:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from quantkit.stages.base import Stage, StageOutput
@@ -12,14 +13,36 @@ if TYPE_CHECKING:
     from pydantic import JsonValue
 
     from quantkit.evals.reference import Reference
-    from quantkit.stages.context import RunContext
+    from quantkit.models import ModelSource
+    from quantkit.progress import Reporter
+    from quantkit.recipe import Recipe
+    from quantkit.stages.context import RunContext, Tokens
+
+
+@dataclass(frozen=True)
+class BaselineInputs:
+    """What the baseline reference depends on: the eval settings, the model, the device."""
+
+    recipe: Recipe
+    source: ModelSource
+    device: str
+    tokens: Tokens
+    trust_remote_code: bool = False
+
+    @classmethod
+    def of(cls, ctx: RunContext) -> BaselineInputs:
+        return cls(ctx.recipe, ctx.source, ctx.device, ctx.tokens, ctx.settings.trust_remote_code)
+
+    def reference_key(self) -> str:
+        from quantkit.evals import reference as ref
+
+        windows, spec = self.tokens.eval_windows(), self.recipe.eval
+        fingerprint = self.source.fingerprint()
+        return ref.reference_key(fingerprint, windows, spec.top_k, self.device, spec.tail_samples)
 
 
 def reference_key(ctx: RunContext) -> str:
-    from quantkit.evals import reference as ref
-
-    windows, spec = ctx.tokens.eval_windows(), ctx.recipe.eval
-    return ref.reference_key(ctx.source.fingerprint(), windows, spec.top_k, ctx.device, spec.tail_samples)
+    return BaselineInputs.of(ctx).reference_key()
 
 
 def load_reference(ctx: RunContext) -> Reference:
@@ -34,6 +57,34 @@ def load_reference(ctx: RunContext) -> Reference:
     return cached
 
 
+def ensure_reference(inputs: BaselineInputs, reporter: Reporter) -> tuple[Reference, float | None]:
+    """The cached reference of a model, eval windows and device, computed now when absent;
+    with the seconds it took (None: it was cached)."""
+    from quantkit.evals import reference as ref
+    from quantkit.runtimes.base import RuntimeSettings
+    from quantkit.runtimes.hf import HFRuntime
+
+    key = inputs.reference_key()
+    cached = ref.load_cached(key)
+    if cached is not None:
+        return cached, None
+    windows = inputs.tokens.eval_windows()
+    start = time.perf_counter()
+    with reporter.stage("baseline reference", total=len(windows.ids)) as advance:
+        settings = RuntimeSettings(
+            device=inputs.device,
+            context_length=windows.seq_len,
+            trust_remote_code=inputs.trust_remote_code,
+        )
+        runtime = HFRuntime.load(inputs.source.path, settings)
+        spec = inputs.recipe.eval
+        shape = ref.ReferenceShape(spec.top_k, spec.batch_size, spec.tail_samples)
+        reference = ref.compute(runtime, windows, shape, key, advance)
+        runtime.close()
+    ref.save(reference)
+    return reference, round(time.perf_counter() - start, 3)
+
+
 class ReferenceStage(Stage[ReferenceResult]):
     """Scores the eval windows with the unquantized model (transformers, in the baseline's
     precision) and caches the compact top-k reference; reused from the cache when present."""
@@ -46,40 +97,20 @@ class ReferenceStage(Stage[ReferenceResult]):
     def run(self, ctx: RunContext) -> StageOutput[ReferenceResult]:
         from quantkit.evals import reference as ref
         from quantkit.evals.quality import baseline_metrics, scored_positions, targets
-        from quantkit.runtimes.base import RuntimeSettings
-        from quantkit.runtimes.hf import HFRuntime
 
-        key = reference_key(ctx)
-        cached = ref.load_cached(key)
         windows = ctx.tokens.eval_windows()
         positions = scored_positions(ctx.recipe.eval.score, windows.seq_len)
-        if cached is not None:
-            ctx.reporter.log(f"baseline reference: cached ({key[:12]})")
-            baseline = baseline_metrics(cached.at(positions), targets(windows, positions))
-            result = ReferenceResult(key=key, cached=True, baseline=baseline)
-            _guard(ctx, result)
-            return StageOutput(result, [ref.cache_path(key)])
-        start = time.perf_counter()
-        with ctx.reporter.stage("baseline reference", total=len(windows.ids)) as advance:
-            settings = RuntimeSettings(
-                device=ctx.device,
-                context_length=windows.seq_len,
-                trust_remote_code=ctx.settings.trust_remote_code,
-            )
-            runtime = HFRuntime.load(ctx.source.path, settings)
-            spec = ctx.recipe.eval
-            shape = ref.ReferenceShape(spec.top_k, spec.batch_size, spec.tail_samples)
-            reference = ref.compute(runtime, windows, shape, key, advance)
-            runtime.close()
-        path = ref.save(reference)
+        reference, seconds = ensure_reference(BaselineInputs.of(ctx), ctx.reporter)
+        if seconds is None:
+            ctx.reporter.log(f"baseline reference: cached ({reference.key[:12]})")
         result = ReferenceResult(
-            key=key,
-            cached=False,
+            key=reference.key,
+            cached=seconds is None,
             baseline=baseline_metrics(reference.at(positions), targets(windows, positions)),
-            seconds=round(time.perf_counter() - start, 3),
+            seconds=seconds,
         )
         _guard(ctx, result)  # the reference stays cached: --allow-implausible-baseline reuses it
-        return StageOutput(result, [path])
+        return StageOutput(result, [ref.cache_path(reference.key)])
 
     def reused(self, ctx: RunContext, result: StageResult) -> None:
         if isinstance(result, ReferenceResult):

@@ -1,0 +1,1 @@
+"""Sweeps: many recipes against one baseline, on one machine or a Ray cluster."""

@@ -1,0 +1,226 @@
+"""The sweep spec (a YAML file or the command line) and its expansion into named runs.
+
+A sweep is models x recipes x grid points. Each point is one run: a shipped recipe or recipe
+file with ``--set``-style overrides (the sweep's shared ``eval``/``calibration``/``bench``/
+``gates`` sections first, then the entry's ``set``, then its grid point). Every point is
+validated as a recipe before anything runs, so a bad grid key fails the whole sweep up front.
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, Field, JsonValue, ValidationError, field_validator
+
+from quantkit.errors import RecipeError
+from quantkit.recipe import Recipe, format_validation_error, load_recipe_and_base, read_yaml, run_name
+from quantkit.specs import StrictModel
+
+Scalar = str | int | float | bool | None
+
+
+class RecipeEntry(StrictModel):
+    """One recipe of the sweep, with its own overrides and grid."""
+
+    recipe: str = Field(description="a shipped recipe name or a recipe file")
+    set: dict[str, Scalar] = Field(default_factory=dict, description="overrides: key.sub -> value")
+    grid: dict[str, list[Scalar]] = Field(default_factory=dict, description="key.sub -> values to try")
+
+
+class RaySpec(StrictModel):
+    """Where and how runs go on a Ray cluster."""
+
+    address: str = Field("auto", description="'auto', host:port of the head, or ray://host:10001")
+    num_cpus: float | None = Field(None, gt=0, description="CPUs per run (default: 1, or 0 with a GPU)")
+    num_gpus: float | None = Field(None, ge=0, description="GPUs per run (default: 1 for CUDA runs)")
+    max_retries: int = Field(3, ge=0, description="Ray's retries of a run whose worker died")
+
+
+class SweepSpec(StrictModel):
+    """A sweep: what to quantize, how each run is evaluated, and where runs execute."""
+
+    name: str = Field("sweep", pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+    models: list[str | None] = Field([None], min_length=1, description="models (default: each recipe's)")
+    device: Literal["auto", "cpu", "cuda"] | None = Field(None, description="default: each recipe's")
+    recipes: list[RecipeEntry] = Field(min_length=1)
+    grid: dict[str, list[Scalar]] = Field(default_factory=dict, description="applied to every recipe")
+    set: dict[str, Scalar] = Field(default_factory=dict, description="overrides for every recipe")
+    eval: dict[str, JsonValue] = Field(default_factory=dict, description="eval settings of every run")
+    calibration: dict[str, JsonValue] = Field(default_factory=dict, description="shared calibration")
+    bench: dict[str, JsonValue] = Field(default_factory=dict, description="bench settings of every run")
+    gates: dict[str, JsonValue] = Field(default_factory=dict, description="gates of every run")
+    executor: Literal["local", "ray"] = "local"
+    jobs: int | None = Field(None, ge=1, description="local runs at once (default: one per GPU, else 1)")
+    ray: RaySpec = Field(default_factory=RaySpec)
+
+    @field_validator("recipes", mode="before")
+    @classmethod
+    def _names_as_entries(cls, value: object) -> object:
+        if isinstance(value, list):
+            return [{"recipe": item} if isinstance(item, str) else item for item in value]
+        return value
+
+    @field_validator("grid")
+    @classmethod
+    def _no_empty_axis(cls, grid: dict[str, list[Scalar]]) -> dict[str, list[Scalar]]:
+        _check_grid(grid)
+        return grid
+
+
+def _check_grid(grid: dict[str, list[Scalar]]) -> None:
+    for key, values in grid.items():
+        if not values:
+            raise ValueError(f"grid '{key}' has no values")
+        if len(set(map(repr, values))) != len(values):
+            raise ValueError(f"grid '{key}' repeats a value")
+
+
+class PlannedRun(BaseModel):
+    """One point of the sweep: a validated recipe, its model, and its id inside the sweep."""
+
+    run_id: str
+    name: str
+    recipe_ref: str
+    overrides: list[str]
+    model: str | None
+    recipe: Recipe
+
+
+def load_sweep(path: Path) -> SweepSpec:
+    """Read and validate a sweep file; errors name the file and the field."""
+    data = read_yaml(path, "sweep")
+    if not isinstance(data, dict):
+        raise RecipeError(f"{path}: a sweep must be a YAML mapping", "see docs/sweeps.md")
+    return validate_sweep(data, path.name)
+
+
+def validate_sweep(data: dict[str, JsonValue], where: str) -> SweepSpec:
+    try:
+        return SweepSpec.model_validate(data)
+    except ValidationError as err:
+        problem = format_validation_error(err, owner=_owner(err))
+        raise RecipeError(f"{where}: {problem.message.replace('recipe', 'sweep', 1)}", problem.hint) from None
+
+
+def _owner(err: ValidationError) -> type[BaseModel]:
+    loc = err.errors()[0]["loc"]
+    if loc[:1] == ("ray",):
+        return RaySpec
+    if loc[:1] == ("recipes",) and len(loc) > 2:
+        return RecipeEntry
+    return SweepSpec
+
+
+def parse_grid(items: list[str]) -> dict[str, list[Scalar]]:
+    """``--grid key=v1,v2`` flags as a grid (values parsed as YAML scalars)."""
+    import yaml
+
+    grid: dict[str, list[Scalar]] = {}
+    for item in items:
+        key, sep, raw = item.partition("=")
+        key = key.strip()
+        if not sep or not key:
+            raise RecipeError(f"bad grid '{item}'", "use --grid key=v1,v2, e.g. options.group_size=64,128")
+        if key in grid:
+            raise RecipeError(f"grid '{key}' is given twice", "give each key once, with all its values")
+        values = [part.strip() for part in raw.split(",") if part.strip()]
+        if not values:
+            raise RecipeError(f"grid '{key}' has no values", "list them: --grid key=v1,v2")
+        grid[key] = [_scalar(yaml.safe_load(value)) for value in values]
+        try:
+            _check_grid({key: grid[key]})
+        except ValueError as err:
+            raise RecipeError(str(err), "list each value once") from None
+    return grid
+
+
+def _scalar(value: object) -> Scalar:
+    if value is None or isinstance(value, (str, int, float, bool)):
+        return value
+    return str(value)
+
+
+def _flatten(prefix: str, section: dict[str, JsonValue]) -> list[str]:
+    """A shared section as ``prefix.key=value`` overrides (nested mappings become dotted keys)."""
+    import json
+
+    items: list[str] = []
+    for key, value in section.items():
+        if isinstance(value, dict):
+            items += _flatten(f"{prefix}.{key}", value)
+        else:
+            items.append(f"{prefix}.{key}={json.dumps(value)}")
+    return items
+
+
+def _override(key: str, value: Scalar) -> str:
+    import json
+
+    return f"{key}={json.dumps(value)}"
+
+
+def _point_label(point: dict[str, Scalar]) -> str:
+    return ", ".join(f"{key.rsplit('.', 1)[-1]}={value}" for key, value in point.items())
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._=-]+", "-", text).strip("-.") or "run"
+
+
+def expand(spec: SweepSpec) -> list[PlannedRun]:
+    """Every (model, recipe, grid point) of the sweep as a validated run, in order."""
+    shared = (
+        _flatten("eval", spec.eval)
+        + _flatten("calibration", spec.calibration)
+        + _flatten("bench", spec.bench)
+        + _flatten("gates", spec.gates)
+        + [_override(key, value) for key, value in spec.set.items()]
+        + ([f"device={spec.device}"] if spec.device else [])
+    )
+    runs: list[PlannedRun] = []
+    for model_index, model in enumerate(spec.models):
+        for entry in spec.recipes:
+            try:
+                _check_grid(entry.grid)
+            except ValueError as err:
+                raise RecipeError(f"recipe '{entry.recipe}': {err}", "list each value once") from None
+            grid = spec.grid | entry.grid
+            keys = list(grid)
+            for values in itertools.product(*(grid[key] for key in keys)):
+                point = dict(zip(keys, values, strict=True))
+                overrides = shared + [_override(k, v) for k, v in entry.set.items()]
+                overrides += [_override(key, value) for key, value in point.items()]
+                recipe, base = load_recipe_and_base(entry.recipe, overrides)
+                name = recipe.name if not point else f"{recipe.name} [{_point_label(point)}]"
+                if not point:
+                    name = run_name(recipe, base)
+                if len(spec.models) > 1:
+                    name = f"{name} @{model_index + 1}"
+                run_id = f"{len(runs) + 1:02d}-{_slug(name)}"
+                runs.append(
+                    PlannedRun(
+                        run_id=run_id,
+                        name=name,
+                        recipe_ref=entry.recipe,
+                        overrides=overrides,
+                        model=model,
+                        recipe=recipe,
+                    )
+                )
+    _refuse_duplicates(runs)
+    return runs
+
+
+def _refuse_duplicates(runs: list[PlannedRun]) -> None:
+    seen: dict[str, str] = {}
+    for run in runs:
+        key = run.recipe.model_dump_json() + f"|{run.model}"
+        if key in seen:
+            raise RecipeError(
+                f"runs '{seen[key]}' and '{run.name}' are the same recipe on the same model",
+                "list each recipe (or grid point) once",
+            )
+        seen[key] = run.name
