@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import itertools
 import re
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Literal
 
@@ -97,7 +98,7 @@ def load_sweep(path: Path) -> SweepSpec:
     return validate_sweep(data, path.name)
 
 
-def validate_sweep(data: dict[str, JsonValue], where: str) -> SweepSpec:
+def validate_sweep(data: Mapping[str, object], where: str) -> SweepSpec:
     try:
         return SweepSpec.model_validate(data)
     except ValidationError as err:
@@ -199,7 +200,7 @@ def expand(spec: SweepSpec) -> list[PlannedRun]:
                     name = run_name(recipe, base)
                 if len(spec.models) > 1:
                     name = f"{name} @{model_index + 1}"
-                run_id = f"{len(runs) + 1:02d}-{_slug(name)}"
+                run_id = _unique(_slug(name), {run.run_id for run in runs})
                 runs.append(
                     PlannedRun(
                         run_id=run_id,
@@ -214,6 +215,14 @@ def expand(spec: SweepSpec) -> list[PlannedRun]:
     return runs
 
 
+def _unique(slug: str, taken: set[str]) -> str:
+    run_id, count = slug, 1
+    while run_id in taken:
+        count += 1
+        run_id = f"{slug}-{count}"
+    return run_id
+
+
 def _refuse_duplicates(runs: list[PlannedRun]) -> None:
     seen: dict[str, str] = {}
     for run in runs:
@@ -224,3 +233,73 @@ def _refuse_duplicates(runs: list[PlannedRun]) -> None:
                 "list each recipe (or grid point) once",
             )
         seen[key] = run.name
+
+
+def _is_sweep_file(item: str) -> bool:
+    path = Path(item).expanduser()
+    if not (path.is_file() and path.suffix in (".yaml", ".yml")):
+        return False
+    data = read_yaml(path, "sweep")
+    return isinstance(data, dict) and "recipes" in data and "method" not in data
+
+
+def spec_from_command(
+    items: list[str],
+    *,
+    models: list[str],
+    grid: list[str],
+    overrides: list[str],
+    name: str | None,
+    ray: str | None,
+    jobs: int | None,
+    device: str | None,
+) -> SweepSpec:
+    """The sweep the command line describes: a sweep file, or recipes, plus the flags."""
+    import yaml
+
+    sweep_files = [item for item in items if _is_sweep_file(item)]
+    if sweep_files and len(items) > 1:
+        raise RecipeError(
+            f"'{sweep_files[0]}' is a sweep file: give it alone", "list extra recipes inside the sweep file"
+        )
+    data: dict[str, object]
+    if sweep_files:
+        path = Path(sweep_files[0]).expanduser()
+        loaded = read_yaml(path, "sweep")
+        data = {str(key): value for key, value in loaded.items()} if isinstance(loaded, dict) else {}
+        data.setdefault("name", _file_name(path))
+        where = path.name
+    else:
+        data = {"recipes": list(items)}
+        where = "sweep"
+    if name is not None:
+        data["name"] = name
+    if models:
+        data["models"] = list(models)
+    if device is not None:
+        data["device"] = device
+    if jobs is not None:
+        data["jobs"] = jobs
+    if ray is not None:
+        data["executor"] = "ray"
+        data["ray"] = {**_section(data, "ray"), "address": ray}
+    if grid:
+        data["grid"] = {**_section(data, "grid"), **parse_grid(grid)}
+    for item in overrides:
+        key, sep, raw = item.partition("=")
+        if not sep or not key.strip():
+            raise RecipeError(f"bad override '{item}'", "use --set key=value, e.g. eval.seq_len=256")
+        data["set"] = {**_section(data, "set"), key.strip(): _scalar(yaml.safe_load(raw) if raw else "")}
+    return validate_sweep(data, where)
+
+
+def _section(data: Mapping[str, object], key: str) -> dict[str, object]:
+    """A mapping section of raw sweep data, to merge flags into (anything else is left for
+    validation to refuse)."""
+    value = data.get(key)
+    return {str(k): v for k, v in value.items()} if isinstance(value, dict) else {}
+
+
+def _file_name(path: Path) -> str:
+    slug = re.sub(r"[^A-Za-z0-9._-]+", "-", path.stem).strip("-.")
+    return slug or "sweep"

@@ -1,0 +1,81 @@
+"""`quantkit sweep`: many recipes (and grid points) against one baseline, one report."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from quantkit.cli.common import AllowImplausibleOption, FormatOption, device_option, device_value
+from quantkit.cli.output import OutputFormat, emit_json, stderr, stdout
+from quantkit.device import DeviceChoice
+
+
+def sweep(
+    items: list[str] = typer.Argument(
+        ..., help="a sweep file, or recipes (names or files)", metavar="SWEEP|RECIPE..."
+    ),
+    models: list[str] = typer.Option([], "--model", "-m", help="model(s) to sweep (repeatable)"),
+    grid: list[str] = typer.Option([], "--grid", "-g", help="key=v1,v2: one run per value (repeatable)"),
+    overrides: list[str] = typer.Option(
+        [], "--set", "-s", help="override a field of every recipe: key=value"
+    ),
+    out: Path | None = typer.Option(
+        None, "--out", "-o", help="the sweep folder (default runs/sweeps/<name>)"
+    ),
+    name: str | None = typer.Option(
+        None, "--name", help="the sweep's name (default: the file's, or 'sweep')"
+    ),
+    ray: str | None = typer.Option(
+        None, "--ray", help="run on a Ray cluster: auto, HOST:PORT, ray://HOST:10001, or local"
+    ),
+    jobs: int | None = typer.Option(
+        None, "--jobs", "-j", min=1, help="local runs at once (default: one per GPU)"
+    ),
+    device: DeviceChoice | None = device_option("each recipe's"),
+    bench: bool | None = typer.Option(None, "--bench/--no-bench", help="measure speed and memory"),
+    trust_remote_code: bool = typer.Option(False, "--trust-remote-code", help="allow model code"),
+    verbose: bool = typer.Option(False, "--verbose", "-v", help="show library logs"),
+    allow_implausible_baseline: bool = AllowImplausibleOption,
+    output_format: OutputFormat = FormatOption,
+) -> None:
+    """Quantize and evaluate many recipes against one baseline; one folder, one report."""
+    from rich.markup import escape
+
+    from quantkit.cli.sweep_view import RichSweepView
+    from quantkit.report import render
+    from quantkit.sweep.driver import SilentView, SweepRequest, run_sweep, sweep_comparison
+    from quantkit.sweep.spec import spec_from_command
+
+    spec = spec_from_command(
+        items, models=models, grid=grid, overrides=overrides, name=name, ray=ray, jobs=jobs,
+        device=device_value(device),
+    )  # fmt: skip
+    request = SweepRequest(
+        spec=spec,
+        out=out,
+        bench=bench,
+        verbose=verbose,
+        trust_remote_code=trust_remote_code,
+        allow_implausible_baseline=allow_implausible_baseline,
+    )
+    human = output_format == OutputFormat.human
+    result = run_sweep(request, RichSweepView() if human else SilentView())
+    if human:
+        stdout.print(render.to_rich(sweep_comparison(result)))
+        counts = result.manifest.counts()
+        stderr.print(
+            f"sweep saved to [bold]{escape(str(result.folder))}[/bold]: {counts['done']} done, "
+            f"{counts['failed']} failed; {counts['baselines']} baseline(s), "
+            f"{counts['references_computed']} reference(s) and {counts['baseline_bench_sides_measured']} "
+            "baseline bench(es) computed for it"
+        )
+        for run in result.manifest.runs:
+            if run.state == "failed":
+                stderr.print(f"  [red]failed[/red] {escape(run.name)}: {escape(run.error or '')}")
+            elif run.gate_passed is False:
+                stderr.print(f"  [red]gate failed[/red] {escape(run.name)}")
+    else:
+        emit_json({"sweep": str(result.folder), "manifest": result.manifest.model_dump(mode="json")})
+    if result.exit_code:
+        raise typer.Exit(result.exit_code)

@@ -1,0 +1,168 @@
+"""The baseline work of a sweep, done once per (model, device, eval windows) before fan-out:
+the reference (top-k log-probs), the lm-eval baseline and the baseline bench. Every run then
+finds them: the reference and lm-eval results in the cache (a copy of the reference in the
+sweep folder for workers with a cache of their own), the bench sides in the sweep folder."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from quantkit.models import ModelSource
+from quantkit.progress import Reporter
+from quantkit.stages.context import Tokens
+from quantkit.stages.reference import BaselineInputs
+from quantkit.sweep.record import BaselineRecord
+from quantkit.sweep.spec import PlannedRun
+
+if TYPE_CHECKING:
+    from quantkit.evals.reference import Reference
+
+
+@dataclass
+class PreparedRun:
+    """A planned run with its model resolved and its baseline identified."""
+
+    planned: PlannedRun
+    source: ModelSource
+    inputs: BaselineInputs
+    reference_key: str
+    bench: bool
+
+
+def bench_enabled(flag: bool | None, planned: PlannedRun) -> bool:
+    """``--bench/--no-bench``, else the recipe's ``bench.enabled`` unless QUANTKIT_NO_BENCH."""
+    if flag is not None:
+        return flag
+    return planned.recipe.bench.enabled and not os.environ.get("QUANTKIT_NO_BENCH")
+
+
+def prepare(
+    runs: list[PlannedRun], bench: bool | None, trust_remote_code: bool, reporter: Reporter
+) -> list[PreparedRun]:
+    """Resolve each run's model and device and the key of its baseline reference."""
+    from quantkit.device import resolve_device
+    from quantkit.models import resolve_model
+
+    sources: dict[str, ModelSource] = {}
+    prepared = []
+    for planned in runs:
+        spec = planned.model or planned.recipe.model or "smollm2-135m"
+        if spec not in sources:
+            with reporter.stage(f"resolving {spec}"):
+                sources[spec] = resolve_model(spec, trust_remote_code=trust_remote_code)
+        source = sources[spec]
+        device = resolve_device(planned.recipe.device)
+        tokens = Tokens(planned.recipe, source, False, trust_remote_code)
+        inputs = BaselineInputs(planned.recipe, source, device, tokens, trust_remote_code)
+        prepared.append(
+            PreparedRun(planned, source, inputs, inputs.reference_key(), bench_enabled(bench, planned))
+        )
+    return prepared
+
+
+def compute_baselines(
+    prepared: list[PreparedRun], folder: Path, reporter: Reporter, allow_implausible: bool
+) -> list[BaselineRecord]:
+    """Each distinct baseline of the sweep, computed (or found cached) once."""
+    groups: dict[str, list[PreparedRun]] = {}
+    for run in prepared:
+        groups.setdefault(run.reference_key, []).append(run)
+    folder.mkdir(parents=True, exist_ok=True)
+    return [_baseline(members, folder, reporter, allow_implausible) for members in groups.values()]
+
+
+def _baseline(
+    members: list[PreparedRun], folder: Path, reporter: Reporter, allow_implausible: bool
+) -> BaselineRecord:
+    from quantkit.evals import reference as ref
+    from quantkit.stages.reference import ensure_reference
+
+    first = members[0]
+    inputs = first.inputs
+    reference, seconds = ensure_reference(inputs, reporter)
+    _guard(inputs, reference, allow_implausible)
+    copy = folder / ref.cache_path(reference.key).name
+    if not copy.is_file():
+        shutil.copyfile(ref.cache_path(reference.key), copy.with_name(f".{copy.name}.tmp"))
+        copy.with_name(f".{copy.name}.tmp").replace(copy)
+    record = BaselineRecord(
+        reference_key=reference.key,
+        model=first.planned.model or first.planned.recipe.model,
+        model_path=str(first.source.path),
+        device=inputs.device,
+        runs=[run.planned.run_id for run in members],
+        reference_computed=seconds is not None,
+        reference_s=seconds,
+    )
+    _bench(members, folder, reporter, record)
+    record.lm_eval_computed = _lm_eval(members, reporter)
+    return record
+
+
+def _guard(inputs: BaselineInputs, reference: Reference, allow: bool) -> None:
+    """The baseline sanity guard, before any run starts (each run applies it again)."""
+    from quantkit.evals.plausibility import check_baseline, plausibility
+    from quantkit.evals.quality import baseline_metrics, scored_positions, targets
+
+    windows = inputs.tokens.eval_windows()
+    positions = scored_positions(inputs.recipe.eval.score, windows.seq_len)
+    check = plausibility(baseline_metrics(reference.at(positions), targets(windows, positions)))
+    if check is not None:
+        check_baseline(check, allow)
+
+
+def _bench(members: list[PreparedRun], folder: Path, reporter: Reporter, record: BaselineRecord) -> None:
+    """The baseline's bench side (transformers), once per distinct bench setting."""
+    from quantkit.evals import perf
+
+    shared = perf.SharedSides(folder)
+    start = time.perf_counter()
+    seen: set[str] = set()
+    for run in members:
+        if not run.bench:
+            continue
+        target = perf.BenchTarget(run.source.path, "hf")
+        settings = perf.worker_settings(target, run.inputs.device, run.planned.recipe.bench)
+        key = settings.model_dump_json()
+        if key in seen:
+            continue
+        seen.add(key)
+        with reporter.stage("benchmarking the baseline (once for the sweep)"):
+            _, measured = shared.measure(settings)
+        if measured:
+            record.bench_sides_measured += 1
+        else:
+            record.bench_sides_reused += 1
+    if seen:
+        record.bench_s = round(time.perf_counter() - start, 3)
+
+
+def _lm_eval(members: list[PreparedRun], reporter: Reporter) -> int:
+    """lm-eval baselines of the runs' ``evals`` entries, cached for the runs to find."""
+    from quantkit.runtimes.base import RuntimeSettings
+
+    computed = 0
+    seen: set[str] = set()
+    for run in members:
+        for entry in run.planned.recipe.evals:
+            key = entry.lm_eval.model_dump_json()
+            if key in seen:
+                continue
+            seen.add(key)
+            from quantkit.evals import lm_eval_runner as runner
+
+            runner.check_tasks(entry.lm_eval.tasks)
+            settings = RuntimeSettings(
+                device=run.inputs.device, trust_remote_code=run.inputs.trust_remote_code
+            )
+            with reporter.stage(f"lm-eval {', '.join(entry.lm_eval.tasks)}: baseline (once for the sweep)"):
+                _, cached = runner.baseline(
+                    run.source.path, run.source.fingerprint(), settings, entry.lm_eval
+                )
+            computed += not cached
+    return computed

@@ -1,0 +1,129 @@
+"""The Ray executor: each run is a Ray task on a cluster (``ray start --head`` plus workers),
+placed by its resources (``num_gpus=1`` for CUDA runs, ``num_cpus`` on the CPU). Runs write
+into a folder every node sees; a task whose worker dies is retried by Ray, and the retry
+resumes the run from its journal."""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Callable
+from pathlib import Path
+from typing import ClassVar
+from urllib.parse import urlparse
+
+from quantkit.errors import MissingDependencyError, UserInputError
+from quantkit.sweep.spec import SweepSpec
+from quantkit.sweep.task import RunOutcome, RunTask
+
+RAY_HINT = "start a cluster with `ray start --head` (and `ray start --address HEAD:6379` on each worker)"
+
+
+def ray_execute(task_json: str) -> str:
+    """The Ray task: run one point of the sweep on whichever node Ray chose."""
+    from quantkit.sweep.task import execute
+
+    return execute(RunTask.model_validate_json(task_json)).model_dump_json()
+
+
+def _host_port(address: str) -> tuple[str, int] | None:
+    """The (host, port) to probe for ``address``, or None for 'auto'/'local'."""
+    if address in ("auto", "local"):
+        return None
+    parsed = urlparse(address if "://" in address else f"tcp://{address}")
+    if parsed.hostname is None:
+        raise UserInputError(f"bad Ray address '{address}'", "give host:port, ray://host:10001 or auto")
+    try:
+        port = parsed.port
+    except ValueError:
+        raise UserInputError(f"bad Ray address '{address}'", "the port must be a number") from None
+    return parsed.hostname, port or (10001 if parsed.scheme == "ray" else 6379)
+
+
+class RayExecutor:
+    name: ClassVar[str] = "ray"
+
+    def __init__(self, spec: SweepSpec, folder: Path) -> None:
+        self.spec = spec
+        self.folder = folder
+        self.address = spec.ray.address
+        self.on_gpu = spec.device == "cuda"
+        self.num_gpus = spec.ray.num_gpus if spec.ray.num_gpus is not None else (1.0 if self.on_gpu else 0.0)
+        self.num_cpus = (
+            spec.ray.num_cpus if spec.ray.num_cpus is not None else (0.0 if self.num_gpus else 1.0)
+        )
+
+    def check(self) -> None:
+        try:
+            import ray  # noqa: F401
+        except ImportError:
+            raise MissingDependencyError(
+                "the Ray executor needs Ray", "pip install 'quantkit[ray]'"
+            ) from None
+        target = _host_port(self.address)
+        if target is not None:
+            try:
+                socket.create_connection(target, timeout=3).close()
+            except OSError as err:
+                raise UserInputError(
+                    f"no Ray cluster answers at {self.address} ({err.strerror or err})", RAY_HINT
+                ) from None
+        self._connect()
+
+    def _connect(self) -> None:
+        import ray
+
+        if ray.is_initialized():
+            return
+        try:
+            if self.address == "local":
+                ray.init(log_to_driver=False, include_dashboard=False)
+            else:
+                ray.init(address=self.address, log_to_driver=False)
+        except (ConnectionError, RuntimeError, ValueError) as err:
+            first = str(err).splitlines()[0] if str(err) else type(err).__name__
+            raise UserInputError(
+                f"cannot join the Ray cluster at {self.address}: {first}", RAY_HINT
+            ) from None
+
+    def describe(self) -> str:
+        return (
+            f"ray: {self.address}, each run a task (num_cpus={self.num_cpus:g}, num_gpus={self.num_gpus:g})"
+        )
+
+    def threads(self) -> int | None:
+        return None if self.num_gpus else max(1, int(self.num_cpus))
+
+    def run(self, tasks: list[RunTask], done: Callable[[RunOutcome], None]) -> None:
+        import ray
+
+        self._connect()
+        remote = ray.remote(ray_execute).options(
+            num_cpus=self.num_cpus,
+            num_gpus=self.num_gpus,
+            max_retries=self.spec.ray.max_retries,
+            retry_exceptions=False,  # a run's own failure is its outcome; only a lost worker retries
+        )
+        pending = {remote.remote(task.model_dump_json()): task for task in tasks}
+        try:
+            while pending:
+                ready, _ = ray.wait(list(pending), num_returns=1)
+                task = pending.pop(ready[0])
+                try:
+                    done(RunOutcome.model_validate_json(ray.get(ready[0])))
+                except ray.exceptions.RayError as err:  # retries exhausted: the worker kept dying
+                    first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+                    done(
+                        RunOutcome(
+                            run_id=task.run_id,
+                            state="failed",
+                            exit_code=3,
+                            error=f"the Ray task failed: {first}",
+                            hint="run the sweep again: the run resumes from its completed stages",
+                        )
+                    )
+        except BaseException:
+            for ref in pending:
+                ray.cancel(ref, force=True)
+            raise
+        finally:
+            ray.shutdown()
