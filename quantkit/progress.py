@@ -62,7 +62,8 @@ class _DropProgressBars:
         bar = "\r" in text and ("it/s" in text or "s/it" in text or "%|" in text)
         if bar or text == "\n":  # a bar, or the newline tqdm writes when a bar closes
             return len(text)
-        return int(self._target.write(text))
+        written = self._target.write(text)  # None from some wrappers (Ray workers' stderr)
+        return len(text) if written is None else int(written)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._target, name)

@@ -140,8 +140,17 @@ def execute(task: RunTask) -> RunOutcome:
             update={"exit_code": err.exit_code, "error": err.message, "hint": err.hint}
         )
     except Exception as err:  # an internal error of one run must not stop the sweep
+        import traceback
+
         first = str(err).splitlines()[0] if str(err) else ""
-        outcome = stamp.model_copy(update={"error": f"internal error: {type(err).__name__}: {first}"})
+        trace = Path(task.status_path).with_suffix(".traceback.txt")
+        trace.write_text(traceback.format_exc(), encoding="utf-8")
+        outcome = stamp.model_copy(
+            update={
+                "error": f"internal error: {type(err).__name__}: {first}",
+                "hint": f"the traceback is in {trace}",
+            }
+        )
     outcome.seconds = round(time.perf_counter() - start, 3)
     reporter.update(outcome.state, "done" if outcome.state == "done" else "failed", outcome.kld)
     return outcome
