@@ -233,6 +233,7 @@ def _run(
                 shared_baseline=str(folder / "baseline"),
                 reference_key=run.reference_key,
                 bench=item.bench,
+                overwrite=run_dir.exists(),  # not verified: damaged, redone in its place
                 cache_dir=str(cache_dir()),
                 threads=executor.threads(),
                 verbose=request.verbose,
@@ -254,7 +255,7 @@ def _run(
             outcome.kld,
             outcome.gate_passed,
         )
-        run.host, run.seconds = outcome.host, outcome.seconds
+        run.host, run.node, run.seconds = outcome.host, outcome.node, outcome.seconds
         manifest.updated = now()
         write_manifest(folder, manifest)
         view.finished(run)
@@ -297,7 +298,7 @@ def _check_comparable(old: SweepManifest, runs: list[SweepRun]) -> None:
                 if before.recipe.get(key) != run.recipe.get(key)
             ) or ["model"]
             raise UserInputError(
-                f"the sweep changed since its runs in '{old.name}' were made: run '{run.name}' now has "
+                f"the sweep changed since the runs in this folder were made: run '{run.name}' now has "
                 f"a different {', '.join(changed)}",
                 "give a new --out folder for the new sweep (the old runs stay comparable in their own)",
             )

@@ -51,6 +51,7 @@ class SweepRun(Record):
     kld: float | None = None
     gate_passed: bool | None = None
     host: str = ""
+    node: str = ""  # the Ray node it ran on
     seconds: float | None = None
     kept: bool = False  # finished in an earlier invocation and verified, not run again
 

@@ -27,7 +27,7 @@ class RecipeEntry(StrictModel):
     """One recipe of the sweep, with its own overrides and grid."""
 
     recipe: str = Field(description="a shipped recipe name or a recipe file")
-    set: dict[str, Scalar] = Field(default_factory=dict, description="overrides: key.sub -> value")
+    set: dict[str, JsonValue] = Field(default_factory=dict, description="overrides: key.sub -> value")
     grid: dict[str, list[Scalar]] = Field(default_factory=dict, description="key.sub -> values to try")
 
 
@@ -48,7 +48,7 @@ class SweepSpec(StrictModel):
     device: Literal["auto", "cpu", "cuda"] | None = Field(None, description="default: each recipe's")
     recipes: list[RecipeEntry] = Field(min_length=1)
     grid: dict[str, list[Scalar]] = Field(default_factory=dict, description="applied to every recipe")
-    set: dict[str, Scalar] = Field(default_factory=dict, description="overrides for every recipe")
+    set: dict[str, JsonValue] = Field(default_factory=dict, description="overrides for every recipe")
     eval: dict[str, JsonValue] = Field(default_factory=dict, description="eval settings of every run")
     calibration: dict[str, JsonValue] = Field(default_factory=dict, description="shared calibration")
     bench: dict[str, JsonValue] = Field(default_factory=dict, description="bench settings of every run")
@@ -103,7 +103,9 @@ def validate_sweep(data: Mapping[str, object], where: str) -> SweepSpec:
         return SweepSpec.model_validate(data)
     except ValidationError as err:
         problem = format_validation_error(err, owner=_owner(err))
-        raise RecipeError(f"{where}: {problem.message.replace('recipe', 'sweep', 1)}", problem.hint) from None
+        raise RecipeError(
+            f"{where}: {problem.message}", problem.hint.replace("the recipe", "the sweep")
+        ) from None
 
 
 def _owner(err: ValidationError) -> type[BaseModel]:
@@ -117,7 +119,6 @@ def _owner(err: ValidationError) -> type[BaseModel]:
 
 def parse_grid(items: list[str]) -> dict[str, list[Scalar]]:
     """``--grid key=v1,v2`` flags as a grid (values parsed as YAML scalars)."""
-    import yaml
 
     grid: dict[str, list[Scalar]] = {}
     for item in items:
@@ -130,12 +131,21 @@ def parse_grid(items: list[str]) -> dict[str, list[Scalar]]:
         values = [part.strip() for part in raw.split(",") if part.strip()]
         if not values:
             raise RecipeError(f"grid '{key}' has no values", "list them: --grid key=v1,v2")
-        grid[key] = [_scalar(yaml.safe_load(value)) for value in values]
+        grid[key] = [_scalar(_yaml_value(value)) for value in values]
         try:
             _check_grid({key: grid[key]})
         except ValueError as err:
             raise RecipeError(str(err), "list each value once") from None
     return grid
+
+
+def _yaml_value(text: str) -> object:
+    import yaml
+
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError:
+        return text
 
 
 def _scalar(value: object) -> Scalar:
@@ -157,7 +167,7 @@ def _flatten(prefix: str, section: dict[str, JsonValue]) -> list[str]:
     return items
 
 
-def _override(key: str, value: Scalar) -> str:
+def _override(key: str, value: JsonValue) -> str:
     import json
 
     return f"{key}={json.dumps(value)}"
@@ -289,7 +299,11 @@ def spec_from_command(
         key, sep, raw = item.partition("=")
         if not sep or not key.strip():
             raise RecipeError(f"bad override '{item}'", "use --set key=value, e.g. eval.seq_len=256")
-        data["set"] = {**_section(data, "set"), key.strip(): _scalar(yaml.safe_load(raw) if raw else "")}
+        try:
+            value = yaml.safe_load(raw) if raw.strip() else ""
+        except yaml.YAMLError:
+            value = raw  # as ``quantkit quantize --set``: validation says what is wrong with it
+        data["set"] = {**_section(data, "set"), key.strip(): value}
     return validate_sweep(data, where)
 
 

@@ -39,6 +39,7 @@ class RunTask(BaseModel):
     shared_baseline: str  # the sweep's baseline folder (bench sides, the reference's copy)
     reference_key: str
     bench: bool
+    overwrite: bool = False  # the run folder holds a damaged earlier run of this point: replace it
     cache_dir: str | None = None  # the driver's cache, when workers share it
     threads: int | None = None  # torch threads (a CPU worker's share of the cores)
     verbose: bool = False
@@ -60,6 +61,7 @@ class RunOutcome(BaseModel):
     kld: float | None = None
     gate_passed: bool | None = None
     host: str = ""
+    node: str = ""  # the Ray node it ran on (empty elsewhere)
     pid: int = 0
     seconds: float = 0.0
 
@@ -170,6 +172,7 @@ def _execute(task: RunTask, reporter: StatusReporter) -> dict[str, object]:
         recipe=recipe,
         model=task.model,
         out=Path(task.out),
+        overwrite=task.overwrite,
         verbose=task.verbose,
         bench=task.bench,
         name=task.name,

@@ -5,6 +5,7 @@ resumes the run from its journal."""
 
 from __future__ import annotations
 
+import logging
 import socket
 from collections.abc import Callable
 from pathlib import Path
@@ -20,9 +21,13 @@ RAY_HINT = "start a cluster with `ray start --head` (and `ray start --address HE
 
 def ray_execute(task_json: str) -> str:
     """The Ray task: run one point of the sweep on whichever node Ray chose."""
+    import ray
+
     from quantkit.sweep.task import execute
 
-    return execute(RunTask.model_validate_json(task_json)).model_dump_json()
+    outcome = execute(RunTask.model_validate_json(task_json))
+    outcome.node = ray.get_runtime_context().get_node_id()
+    return outcome.model_dump_json()
 
 
 def _host_port(address: str) -> tuple[str, int] | None:
@@ -37,6 +42,17 @@ def _host_port(address: str) -> tuple[str, int] | None:
     except ValueError:
         raise UserInputError(f"bad Ray address '{address}'", "the port must be a number") from None
     return parsed.hostname, port or (10001 if parsed.scheme == "ray" else 6379)
+
+
+def _is_loopback(host: str) -> bool:
+    import ipaddress
+
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 class RayExecutor:
@@ -74,11 +90,17 @@ class RayExecutor:
 
         if ray.is_initialized():
             return
+        target = _host_port(self.address)
+        on_this_machine = self.address == "local" or (target is not None and _is_loopback(target[0]))
+        node_ip = "127.0.0.1" if on_this_machine else None  # a cluster here: stay on loopback
         try:
-            if self.address == "local":
-                ray.init(log_to_driver=False, include_dashboard=False)
-            else:
-                ray.init(address=self.address, log_to_driver=False)
+            ray.init(
+                address=None if self.address == "local" else self.address,
+                include_dashboard=False if self.address == "local" else None,
+                log_to_driver=False,
+                logging_level=logging.WARNING,
+                _node_ip_address=node_ip,
+            )
         except (ConnectionError, RuntimeError, ValueError) as err:
             first = str(err).splitlines()[0] if str(err) else type(err).__name__
             raise UserInputError(
