@@ -49,6 +49,7 @@ RESUME_HINT = (
     "run the same command again: it resumes from any completed stage that was kept "
     "(quantkit runs list shows them, quantkit runs clean removes them)"
 )
+SWEEP_HINT = "run the same command again: finished runs are kept, the interrupted one resumes"
 UPDATE_HINT = "the run was left as it was (it is rewritten only at the end): run the same command again"
 RERUN_HINT = "nothing was changed: run the same command again"
 
@@ -58,6 +59,8 @@ def interrupted_hint(argv: list[str]) -> str:
     command = next((arg for arg in argv if not arg.startswith("-")), "")
     if command == "quantize":
         return RESUME_HINT
+    if command == "sweep":
+        return SWEEP_HINT
     return UPDATE_HINT if command in ("bench", "eval") else RERUN_HINT
 
 

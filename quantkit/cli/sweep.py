@@ -45,12 +45,10 @@ def sweep(
     from quantkit.cli.sweep_view import RichSweepView
     from quantkit.report import render
     from quantkit.sweep.driver import SilentView, SweepRequest, run_sweep, sweep_comparison
-    from quantkit.sweep.spec import spec_from_command
+    from quantkit.sweep.spec import SweepFlags, spec_from_command
 
-    spec = spec_from_command(
-        items, models=models, grid=grid, overrides=overrides, name=name, ray=ray, jobs=jobs,
-        device=device_value(device),
-    )  # fmt: skip
+    flags = SweepFlags(models, grid, overrides, name, ray, jobs, device_value(device))
+    spec = spec_from_command(items, flags)
     request = SweepRequest(
         spec=spec,
         out=out,

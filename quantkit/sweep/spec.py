@@ -11,6 +11,7 @@ from __future__ import annotations
 import itertools
 import re
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
@@ -253,20 +254,25 @@ def _is_sweep_file(item: str) -> bool:
     return isinstance(data, dict) and "recipes" in data and "method" not in data
 
 
-def spec_from_command(
-    items: list[str],
-    *,
-    models: list[str],
-    grid: list[str],
-    overrides: list[str],
-    name: str | None,
-    ray: str | None,
-    jobs: int | None,
-    device: str | None,
-) -> SweepSpec:
+@dataclass(frozen=True)
+class SweepFlags:
+    """What ``quantkit sweep`` was given beyond its arguments."""
+
+    models: list[str] = field(default_factory=list)
+    grid: list[str] = field(default_factory=list)
+    overrides: list[str] = field(default_factory=list)
+    name: str | None = None
+    ray: str | None = None
+    jobs: int | None = None
+    device: str | None = None
+
+
+def spec_from_command(items: list[str], flags: SweepFlags) -> SweepSpec:
     """The sweep the command line describes: a sweep file, or recipes, plus the flags."""
     import yaml
 
+    models, grid, overrides, name = flags.models, flags.grid, flags.overrides, flags.name
+    ray, jobs, device = flags.ray, flags.jobs, flags.device
     sweep_files = [item for item in items if _is_sweep_file(item)]
     if sweep_files and len(items) > 1:
         raise RecipeError(

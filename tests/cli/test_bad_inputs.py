@@ -424,6 +424,7 @@ def test_plan_names_a_remote_code_flag_it_accepts(tmp_path: Path, tiny_model: Pa
     ("argv", "promise"),
     [
         (["quantize", "gptq-w4a16-g64"], "resumes"),
+        (["sweep", "sweeps/4bit.yaml"], "finished runs are kept, the interrupted one resumes"),
         (["bench", "runs/x"], "left as it was"),
         (["eval", "runs/x", "--tasks", "arc_easy"], "left as it was"),
         (["report", "runs/x"], "nothing was changed"),
@@ -436,7 +437,7 @@ def test_the_interrupted_hint_promises_only_what_the_command_keeps(argv: list[st
 
     hint = interrupted_hint(argv)
     assert promise in hint
-    assert ("resume" in hint) == (argv[0] == "quantize")
+    assert ("resume" in hint) == (argv[0] in ("quantize", "sweep"))
 
 
 @pytest.mark.parametrize("command", ["eval", "bench", "report", "gate"])

@@ -7,12 +7,11 @@ from pathlib import Path
 import pytest
 
 from quantkit.errors import RecipeError
-from quantkit.sweep.spec import expand, load_sweep, parse_grid, spec_from_command
+from quantkit.sweep.spec import SweepFlags, expand, load_sweep, parse_grid, spec_from_command
 
 
-def command(*items: str, grid: tuple[str, ...] = (), overrides: tuple[str, ...] = (), **flags: object):
-    defaults: dict[str, object] = {"models": [], "name": None, "ray": None, "jobs": None, "device": None}
-    return spec_from_command(list(items), grid=list(grid), overrides=list(overrides), **(defaults | flags))  # type: ignore[arg-type]
+def command(*items: str, grid: tuple[str, ...] = (), overrides: tuple[str, ...] = ()):
+    return spec_from_command(list(items), SweepFlags(grid=list(grid), overrides=list(overrides)))
 
 
 def test_a_cartesian_grid_becomes_one_named_run_per_point() -> None:

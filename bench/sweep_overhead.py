@@ -1,0 +1,144 @@
+"""Benchmark: what a sweep saves and what Ray costs, measured side by side in one run.
+
+1. A 4-recipe ``quantkit sweep`` against 4 separate ``quantkit quantize`` calls (same recipes,
+   model, budgets, bench settings): wall time, and the baseline work each did (references
+   computed, baseline bench processes run). Target: the sweep is faster by at least the
+   baseline work it saves.
+2. The same sweep through the local executor and through Ray on this machine
+   (``ray: {address: local, num_cpus: all cores}``: one run at a time, like the local one), so
+   the difference is Ray's overhead: its start, task dispatch, worker process imports.
+   Target: under 5 % of a run on SmolLM2.
+
+Each mode starts from the same cache with the baseline reference removed (so every mode pays
+for it once); the converted model stays cached. Written to ``bench/results/sweep_overhead.json``.
+
+    .venv/bin/python bench/sweep_overhead.py [--windows 8] [--seq-len 256]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+RECIPES = ["fp8-dynamic", "rtn-w4a16-g64", "gguf-q8_0", "gguf-q4_k_m"]
+
+
+def _quantkit(args: list[str], env: dict[str, str]) -> float:
+    start = time.perf_counter()
+    result = subprocess.run(
+        [sys.executable, "-m", "quantkit", *args], capture_output=True, text=True, env=env
+    )
+    if result.returncode != 0:
+        raise SystemExit(f"quantkit {' '.join(args[:2])} failed:\n{result.stderr[-3000:]}")
+    return time.perf_counter() - start
+
+
+def _fresh_baseline(cache: Path) -> None:
+    for name in ("references", "lm_eval"):
+        shutil.rmtree(cache / name, ignore_errors=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--windows", type=int, default=8)
+    parser.add_argument("--seq-len", type=int, default=256)
+    parser.add_argument("--out", type=Path, default=HERE / "results" / "sweep_overhead.json")
+    args = parser.parse_args()
+
+    work = Path(tempfile.mkdtemp(prefix="quantkit-sweep-bench-"))
+    cache = Path(os.environ.get("QUANTKIT_CACHE", Path.home() / ".cache" / "quantkit"))
+    env = {**os.environ, "QUANTKIT_CACHE": str(cache), "QUANTKIT_RUNS_DIR": str(work / "runs")}
+    env.pop("QUANTKIT_NO_BENCH", None)
+    budget = [
+        f"eval.num_windows={args.windows}", f"eval.seq_len={args.seq_len}",
+        "calibration.num_samples=8", f"calibration.seq_len={args.seq_len}",
+        "bench.prompt_lengths=[64]", "bench.decode_tokens=16", "bench.repeats=2", "bench.batch_size=1",
+    ]  # fmt: skip
+    sets = [flag for item in budget for flag in ("--set", item)]
+    common = [*sets, "--device", "cpu", "--bench"]
+    _quantkit(["recipes", "list"], env)  # warm the imports' file cache
+
+    # 1. separate quantize calls
+    _fresh_baseline(cache)
+    separate: list[float] = []
+    for recipe in RECIPES:
+        separate.append(
+            _quantkit(["quantize", recipe, *common, "--out", str(work / "separate" / recipe)], env)
+        )
+    separate_runs = [json.loads((work / "separate" / r / "manifest.json").read_text()) for r in RECIPES]
+
+    # 2. one sweep, local executor
+    _fresh_baseline(cache)
+    sweep_s = _quantkit(["sweep", *RECIPES, *common, "--out", str(work / "sweep")], env)
+    sweep = json.loads((work / "sweep" / "sweep.json").read_text())
+
+    # 3. the same sweep on Ray, on this machine, one run at a time
+    _fresh_baseline(cache)
+    spec = work / "ray.yaml"
+    cores = os.cpu_count() or 1
+    spec.write_text(
+        json.dumps({"name": "ray", "recipes": RECIPES, "ray": {"address": "local", "num_cpus": cores}}),
+        encoding="utf-8",
+    )
+    ray_env = {**env, "RAY_USAGE_STATS_ENABLED": "0"}
+    ray_s = _quantkit(["sweep", str(spec), *common, "--ray", "local", "--out", str(work / "ray")], ray_env)
+    ray = json.loads((work / "ray" / "sweep.json").read_text())
+
+    baseline_bench_separate = len(RECIPES)  # every quantize call benchmarks the baseline itself
+    references_separate = sum(not run["eval"]["reference_cached"] for run in separate_runs)
+    saved_baseline_s = sum(run["bench"]["baseline"]["load_s"] for run in separate_runs[1:])
+    per_run_local = [run["seconds"] for run in sweep["runs"]]
+    per_run_ray = [run["seconds"] for run in ray["runs"]]
+    figures = {
+        "benchmark": "sweep_overhead",
+        "model": "smollm2-135m",
+        "recipes": RECIPES,
+        "budget": budget,
+        "machine": {"cpu_count": cores, "platform": platform.platform()},
+        "separate_quantize_calls": {
+            "wall_s": round(sum(separate), 1),
+            "per_call_s": [round(s, 1) for s in separate],
+            "references_computed": references_separate,
+            "baseline_bench_processes": baseline_bench_separate,
+        },
+        "sweep_local": {
+            "wall_s": round(sweep_s, 1),
+            "baseline_phase_s": sweep["timings"]["baseline_s"],
+            "references_computed": sum(b["reference_computed"] for b in sweep["baselines"]),
+            "baseline_bench_processes": sum(b["bench_sides_measured"] for b in sweep["baselines"]),
+            "per_run_s": per_run_local,
+        },
+        "sweep_ray_local": {
+            "wall_s": round(ray_s, 1),
+            "per_run_s": per_run_ray,
+            "runs_s": ray["timings"]["runs_s"],
+        },
+        "sweep_vs_separate_speedup": round(sum(separate) / sweep_s, 3),
+        "saved_s": round(sum(separate) - sweep_s, 1),
+        "baseline_bench_load_s_saved_at_least": round(saved_baseline_s, 1),
+        "ray_overhead_per_run_pct": round(
+            100
+            * (ray["timings"]["runs_s"] - sweep["timings"]["runs_s"])
+            / len(RECIPES)
+            / (sum(per_run_local) / len(RECIPES)),
+            2,
+        ),
+        "ray_overhead_s_total": round(ray_s - sweep_s, 1),
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(figures, indent=2) + "\n", encoding="utf-8")
+    print(json.dumps(figures, indent=2))
+    shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
