@@ -237,3 +237,31 @@ def test_bad_sweeps_exit_2_and_leave_nothing(
     lines = err.strip().splitlines()
     assert len(lines) == 2 and message in lines[0] and lines[1].startswith("hint:") and hint in lines[1], err
     assert sorted(path.name for path in tmp_path.iterdir()) == []
+
+
+def test_the_lm_eval_baseline_is_computed_once_before_fan_out(
+    tiny_model: Path, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    folder = tmp_path / "tasks"
+    task = (
+        "evals=[{lm_eval: {tasks: [quantkit_cloze], limit: 5, batch_size: 4}}]"  # a limit no other test uses
+    )
+    args = [
+        "sweep",
+        "fp8-dynamic",
+        "rtn-w4a16-g64",
+        "--model",
+        tiny_model,
+        *TINY,
+        "--set",
+        task,
+        "--no-bench",
+    ]
+    code, _, err = run_cli(capsys, *args, "--out", folder)
+    assert code == 0, err
+    manifest = sweep_manifest(folder)
+    assert manifest["baselines"][0]["lm_eval_computed"] == 1
+    for run_id in ("fp8-dynamic", "rtn-w4a16-g64"):
+        (section,) = run_manifest(folder, run_id)["lm_eval"]
+        assert section["baseline_cached"] is True, run_id
+        assert section["settings"]["limit"] == 5
