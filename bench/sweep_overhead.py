@@ -21,6 +21,7 @@ import argparse
 import json
 import os
 import platform
+import secrets
 import shutil
 import subprocess
 import sys
@@ -112,7 +113,8 @@ def main() -> None:
         json.dumps({"name": "ray", "recipes": RECIPES, "ray": {"address": "local", "num_cpus": cores}}),
         encoding="utf-8",
     )
-    ray_env = {**env, "RAY_USAGE_STATS_ENABLED": "0"}
+    # a token of its own: a new local cluster would otherwise write one to ~/.ray/auth_token
+    ray_env = {**env, "RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_TOKEN": secrets.token_hex(32)}
     ray_s = _quantkit(["sweep", str(spec), *common, "--ray", "local", "--out", str(work / "ray")], ray_env)
     ray = json.loads((work / "ray" / "sweep.json").read_text())
 

@@ -7,10 +7,13 @@ from __future__ import annotations
 
 import os
 import shutil
+import socket
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
+
+from pydantic import BaseModel, ConfigDict, Field
 
 from quantkit.models import ModelSource
 from quantkit.progress import Reporter
@@ -98,6 +101,7 @@ def _baseline(
         runs=[run.planned.run_id for run in members],
         reference_computed=seconds is not None,
         reference_s=seconds,
+        host=socket.gethostname(),
     )
     _bench(members, folder, reporter, record)
     record.lm_eval_computed = _lm_eval(members, reporter)
@@ -166,3 +170,63 @@ def _lm_eval(members: list[PreparedRun], reporter: Reporter) -> int:
                 )
             computed += not cached
     return computed
+
+
+class BaselineJob(BaseModel):
+    """The sweep's baseline phase as a task: run by the driver (local executor) or as a Ray
+    task on a worker with the runs' resources (a head without a GPU computes nothing)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    runs: list[PlannedRun]
+    bench: bool | None
+    folder: str
+    trust_remote_code: bool = False
+    allow_implausible_baseline: bool = False
+    cache_dir: str | None = None
+    threads: int | None = None  # torch threads (a CPU worker's share of the cores)
+
+
+class BaselineOutcome(BaseModel):
+    """The baselines, each run's reference key and bench flag; or the error that stopped it."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    baselines: list[BaselineRecord] = Field(default_factory=list)
+    reference_keys: list[str] = Field(default_factory=list)
+    bench: list[bool] = Field(default_factory=list)
+    error: str | None = None
+    hint: str = ""
+    exit_code: int = 0
+
+    def raise_error(self) -> None:
+        """Raise the error the phase stopped with, as the CLI would show it there."""
+        from quantkit.errors import QuantkitError
+
+        if self.error is None:
+            return
+        err = QuantkitError(self.error, self.hint)
+        err.exit_code = self.exit_code
+        raise err
+
+
+def run_baseline_job(job: BaselineJob, reporter: Reporter) -> BaselineOutcome:
+    """Resolve every run's model and baseline, and compute each baseline once."""
+    from quantkit.errors import QuantkitError
+
+    if job.cache_dir:
+        os.environ["QUANTKIT_CACHE"] = job.cache_dir
+    if job.threads is not None:
+        import torch
+
+        torch.set_num_threads(job.threads)
+    try:
+        prepared = prepare(job.runs, job.bench, job.trust_remote_code, reporter)
+        baselines = compute_baselines(prepared, Path(job.folder), reporter, job.allow_implausible_baseline)
+    except QuantkitError as err:
+        return BaselineOutcome(error=err.message, hint=err.hint, exit_code=err.exit_code)
+    return BaselineOutcome(
+        baselines=baselines,
+        reference_keys=[run.reference_key for run in prepared],
+        bench=[run.bench for run in prepared],
+    )

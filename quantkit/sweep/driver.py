@@ -179,25 +179,26 @@ def _run(
 ) -> SweepResult:
     from quantkit.finalize import now
     from quantkit.paths import cache_dir
-    from quantkit.sweep.baseline import compute_baselines, prepare
+    from quantkit.sweep.baseline import BaselineJob
     from quantkit.sweep.record import read_manifest, verified_run, write_manifest
 
     old = read_manifest(folder)
-    prepared = prepare(planned, request.bench, request.trust_remote_code, view.reporter)
-    runs = [
-        SweepRun(
-            run_id=item.planned.run_id,
-            name=item.planned.name,
-            recipe_ref=item.planned.recipe_ref,
-            overrides=item.planned.overrides,
-            model=item.planned.model,
-            recipe=item.planned.recipe.model_dump(mode="json"),
-            reference_key=item.reference_key,
-        )
-        for item in prepared
-    ]
+    job = BaselineJob(
+        runs=planned,
+        bench=request.bench,
+        folder=str(folder / "baseline"),
+        trust_remote_code=request.trust_remote_code,
+        allow_implausible_baseline=request.allow_implausible_baseline,
+        cache_dir=str(cache_dir()),
+    )
+    if old is not None:  # refuse a changed spec before any baseline work
+        _check_comparable(old, [_entry(item, "") for item in planned], by_key=False)
+    baseline_start = time.perf_counter()
+    outcome = executor.baselines(job, view.reporter)
+    outcome.raise_error()
+    runs = [_entry(item, key) for item, key in zip(planned, outcome.reference_keys, strict=True)]
     if old is not None:
-        _check_comparable(old, runs)
+        _check_comparable(old, runs, by_key=True)
     manifest = SweepManifest(
         name=request.spec.name,
         created=old.created if old is not None else now(),
@@ -205,17 +206,13 @@ def _run(
         spec=request.spec.model_dump(mode="json"),
         executor=executor.describe(),
         runs=runs,
-    )
-    write_manifest(folder, manifest)  # the expansion is on disk before the long work
-    baseline_start = time.perf_counter()
-    manifest.baselines = compute_baselines(
-        prepared, folder / "baseline", view.reporter, request.allow_implausible_baseline
+        baselines=outcome.baselines,
     )
     manifest.timings["baseline_s"] = round(time.perf_counter() - baseline_start, 3)
     tasks: list[RunTask] = []
     status_dir = folder / "status"
     status_dir.mkdir(exist_ok=True)
-    for run, item in zip(runs, prepared, strict=True):
+    for run, bench in zip(runs, outcome.bench, strict=True):
         run_dir = folder / "runs" / run.run_id
         if verified_run(run_dir):
             _keep(run, run_dir)
@@ -232,7 +229,7 @@ def _run(
                 status_path=str(status_dir / f"{run.run_id}.json"),
                 shared_baseline=str(folder / "baseline"),
                 reference_key=run.reference_key,
-                bench=item.bench,
+                bench=bench,
                 overwrite=run_dir.exists(),  # not verified: damaged, redone in its place
                 cache_dir=str(cache_dir()),
                 threads=executor.threads(),
@@ -275,6 +272,18 @@ def _run(
     return result
 
 
+def _entry(planned: PlannedRun, reference_key: str) -> SweepRun:
+    return SweepRun(
+        run_id=planned.run_id,
+        name=planned.name,
+        recipe_ref=planned.recipe_ref,
+        overrides=planned.overrides,
+        model=planned.model,
+        recipe=planned.recipe.model_dump(mode="json"),
+        reference_key=reference_key,
+    )
+
+
 def _keep(run: SweepRun, run_dir: Path) -> None:
     """A run finished by an earlier invocation and intact: reused as it is."""
     from quantkit.store import load_run
@@ -286,8 +295,9 @@ def _keep(run: SweepRun, run_dir: Path) -> None:
     run.kld, run.gate_passed = record.metric("kld_mean"), None if gate is None else gate.passed
 
 
-def _check_comparable(old: SweepManifest, runs: list[SweepRun]) -> None:
-    """Refuse a changed spec whose kept runs would not compare with the new ones."""
+def _check_comparable(old: SweepManifest, runs: list[SweepRun], by_key: bool) -> None:
+    """Refuse a changed spec whose kept runs would not compare with the new ones (``by_key``:
+    the runs' baselines are known, so new runs must share one with the old)."""
     earlier = {run.run_id: run for run in old.runs}
     for run in runs:
         before = earlier.get(run.run_id)
@@ -302,7 +312,7 @@ def _check_comparable(old: SweepManifest, runs: list[SweepRun]) -> None:
                 f"a different {', '.join(changed)}",
                 "give a new --out folder for the new sweep (the old runs stay comparable in their own)",
             )
-    keys = {run.reference_key for run in old.runs}
+    keys = {run.reference_key for run in old.runs} if by_key else set()
     for run in runs:
         if run.run_id not in earlier and keys and run.reference_key not in keys:
             raise UserInputError(

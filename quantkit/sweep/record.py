@@ -31,6 +31,8 @@ class BaselineRecord(Record):
     bench_sides_reused: int = 0  # found already measured in the sweep folder
     bench_s: float | None = None
     lm_eval_computed: int = 0  # lm-eval baselines computed for this sweep (not cached before)
+    host: str = ""  # the machine the baseline phase ran on
+    node: str = ""  # its Ray node (empty with the local executor, which runs it in the driver)
 
 
 class SweepRun(Record):

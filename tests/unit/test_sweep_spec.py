@@ -105,3 +105,23 @@ def test_grid_values_are_yaml_scalars() -> None:
         "options.actorder": [True, False],
         "x": [None, "a"],
     }
+
+
+@pytest.mark.parametrize(
+    ("ray", "on_gpu", "expected"),
+    [
+        ({}, False, (1.0, 0.0, 1)),  # a CPU per run, one torch thread
+        ({}, True, (0.0, 1.0, None)),  # a GPU per run ('auto' on a cluster with GPUs)
+        ({"num_cpus": 4}, False, (4.0, 0.0, 4)),
+        ({"num_gpus": 0.5, "num_cpus": 2}, True, (2.0, 0.5, None)),
+    ],
+)
+def test_ray_task_resources_follow_the_device_unless_given(
+    ray: dict[str, float], on_gpu: bool, expected: tuple[float, float, int | None], tmp_path: Path
+) -> None:
+    from quantkit.sweep.executors.ray import RayExecutor
+    from quantkit.sweep.spec import SweepSpec
+
+    executor = RayExecutor(SweepSpec(recipes=["fp8-dynamic"], executor="ray", ray=ray), tmp_path)
+    executor._resources(on_gpu)
+    assert (executor.num_cpus, executor.num_gpus, executor.threads()) == expected

@@ -6,6 +6,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import ClassVar, Protocol
 
+from quantkit.progress import Reporter
+from quantkit.sweep.baseline import BaselineJob, BaselineOutcome
 from quantkit.sweep.spec import SweepSpec
 from quantkit.sweep.task import RunOutcome, RunTask
 
@@ -25,5 +27,8 @@ class Executor(Protocol):
 
     def threads(self) -> int | None:
         """Torch threads per run on the CPU (None: leave torch's default)."""
+
+    def baselines(self, job: BaselineJob, reporter: Reporter) -> BaselineOutcome:
+        """Run the baseline phase where the runs will run (same device and resources)."""
 
     def run(self, tasks: list[RunTask], done: Callable[[RunOutcome], None]) -> None: ...

@@ -12,6 +12,8 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 from typing import ClassVar
 
+from quantkit.progress import Reporter
+from quantkit.sweep.baseline import BaselineJob, BaselineOutcome, run_baseline_job
 from quantkit.sweep.spec import SweepSpec
 from quantkit.sweep.task import RunOutcome, RunTask, execute
 
@@ -44,6 +46,9 @@ class LocalExecutor:
         if self.jobs == 1 or self.gpus:
             return None
         return max(1, (os.cpu_count() or 1) // self.jobs)
+
+    def baselines(self, job: BaselineJob, reporter: Reporter) -> BaselineOutcome:
+        return run_baseline_job(job, reporter)  # here, in the driver (it sees the runs' GPUs)
 
     def run(self, tasks: list[RunTask], done: Callable[[RunOutcome], None]) -> None:
         if self.jobs == 1:
