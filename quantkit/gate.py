@@ -41,7 +41,14 @@ _GATED: dict[str, str] = {
     "min_prefill_speed_ratio": "prefill_speed_ratio",
     "max_peak_memory_bytes": "peak_memory_bytes",
     "max_memory_ratio": "memory_ratio",
+    "max_ttft_p95": "serve_ttft_p95_s",
+    "max_tpot_p95": "serve_tpot_p95_s",
+    "max_e2e_p95": "serve_e2e_p95_s",
+    "min_goodput": "serve_goodput",
+    "min_output_tok_s": "serve_output_tok_s",
 }
+# any of these set: the served measurement must also have had no failed request
+SERVE_FIELDS = ("max_ttft_p95", "max_tpot_p95", "max_e2e_p95", "min_goodput", "min_output_tok_s")
 GATE_FIELDS: dict[str, tuple[str, Literal["max", "min"]]] = {
     field: (metric, "min" if metric_info(metric).higher_is_better else "max")
     for field, metric in _GATED.items()
@@ -259,6 +266,19 @@ def evaluate_gate(
                 interval=interval,
                 verdict=verdict,
                 field=name,
+            )
+        )
+    if any(getattr(spec, name) is not None for name in SERVE_FIELDS):
+        failed = metrics.get("serve_failed_requests")
+        checks.append(
+            Check(
+                metric="serve_failed_requests",
+                kind="max",
+                threshold=0.0,
+                value=None if failed is None else float(failed),
+                passed=failed is not None and failed <= 0,
+                field="serving",
+                source="implied",
             )
         )
     if plausibility is not None:

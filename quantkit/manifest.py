@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, JsonValue
 from quantkit.gate import GateResult
 from quantkit.metrics import metric_info
 from quantkit.recipe import Recipe
+from quantkit.serving.record import ServeSection
 from quantkit.specs import LmEvalSpec, RunKind
 
 MANIFEST_SCHEMA = 2
@@ -211,6 +212,7 @@ class Manifest(Record):
     gate: GateResult | None = None
     bench: BenchSection | BenchFailure | None = None
     lm_eval: list[LmEvalSection] | None = None
+    serve: ServeSection | None = None  # latency under load through an endpoint (quantkit bench --endpoint)
     timings: dict[str, float] = Field(default_factory=dict)
     stages: dict[str, StageRecord] = Field(default_factory=dict)
     resume: ResumeInfo | None = None

@@ -12,7 +12,18 @@ from dataclasses import dataclass
 from typing import Literal
 
 Style = Literal[
-    "ppl", "pct", "pct_delta", "nats", "prob_delta", "count", "tok_s", "seconds", "bytes", "ratio", "usd"
+    "ppl",
+    "pct",
+    "pct_delta",
+    "nats",
+    "prob_delta",
+    "count",
+    "tok_s",
+    "seconds",
+    "bytes",
+    "ratio",
+    "usd",
+    "fraction",
 ]
 
 
@@ -29,9 +40,11 @@ class MetricInfo:
 
     @property
     def stage(self) -> str:
-        """The stage that produces it: ``evaluate``, ``lm_eval`` or ``bench``."""
+        """The stage that produces it: ``evaluate``, ``lm_eval``, ``bench`` or ``serve_bench``."""
         if self.name in _QUALITY:
             return "evaluate"
+        if self.name.startswith("serve_"):
+            return "serve_bench"
         return "lm_eval" if self.name == "task_recovery_pct" else "bench"
 
 
@@ -160,6 +173,41 @@ _ALL = [
     ),
 ]
 
+# Measured through an OpenAI-compatible endpoint (quantkit bench --endpoint) at the headline load
+# level (the highest concurrency measured, or the request rate); definitions: quantkit.serving.stats.
+_ALL += [
+    MetricInfo("serve_ttft_p50_s", "s", False, False, "seconds", "served: median time to first token"),
+    MetricInfo("serve_ttft_p95_s", "s", False, False, "seconds", "served: p95 time to first token"),
+    MetricInfo("serve_tpot_p95_s", "s", False, False, "seconds", "served: p95 time per output token"),
+    MetricInfo("serve_itl_p95_s", "s", False, False, "seconds", "served: p95 inter-token latency"),
+    MetricInfo("serve_e2e_p95_s", "s", False, False, "seconds", "served: p95 end-to-end request latency"),
+    MetricInfo("serve_output_tok_s", "tok/s", True, False, "tok_s", "served: output tokens per second"),
+    MetricInfo("serve_request_s", "req/s", True, False, "tok_s", "served: completed requests per second"),
+    MetricInfo("serve_goodput", "", True, False, "fraction", "served: share of requests meeting every SLO"),
+    MetricInfo(
+        "serve_failed_requests", "", False, False, "count", "served: failed requests over every load level"
+    ),
+    MetricInfo(
+        "serve_cost_per_request_usd", "USD", False, False, "usd", "served: cost of a request (price per hour)"
+    ),
+    MetricInfo(
+        "serve_cost_per_mtok_usd",
+        "USD",
+        False,
+        False,
+        "usd",
+        "served: cost of 1M output tokens (price per hour)",
+    ),
+    MetricInfo(
+        "serve_cost_per_task_usd",
+        "USD",
+        False,
+        False,
+        "usd",
+        "served: cost of a request / lm-eval task recovery (cost of a successful task)",
+    ),
+]
+
 METRICS: dict[str, MetricInfo] = {info.name: info for info in _ALL}
 
 
@@ -198,6 +246,8 @@ def format_number(style: Style, value: float) -> str:
         return _bytes(value)
     if style == "ratio":
         return f"{value:.2f}×"
+    if style == "fraction":
+        return f"{100 * value:.1f}%"
     return f"${value:.4g}"  # usd
 
 

@@ -39,6 +39,9 @@ if TYPE_CHECKING:
     from quantkit.journal import Journal
     from quantkit.manifest import ResumeInfo
     from quantkit.models import ModelSource
+    from quantkit.serving.endpoint import Endpoint
+    from quantkit.serving.loadgen import LoadSpec
+    from quantkit.serving.record import ServeSideName
     from quantkit.specs import BenchSpec, LmEvalSpec
     from quantkit.stages.base import Stage
     from quantkit.stages.results import StageResult
@@ -285,6 +288,22 @@ def bench_run(
     recipe = record.manifest.recipe.model_copy(update={"bench": spec})
     stage = BenchStage(spec, resolve_device(device or record.manifest.device))
     return _update_run(record, recipe, stage, reporter or Reporter())
+
+
+def serve_bench_run(
+    record: RunRecord,
+    endpoint: Endpoint,
+    spec: LoadSpec,
+    side: ServeSideName,
+    price_per_hour: float | None,
+    reporter: Reporter | None = None,
+) -> RunResult:
+    """Measure the server at ``endpoint`` under ``spec`` as the run's ``side`` (the artifact, or
+    the baseline served the same way); the other side's measurement is kept."""
+    from quantkit.stages.serve_bench import ServeBenchStage
+
+    stage = ServeBenchStage(endpoint, spec, side, price_per_hour)
+    return _update_run(record, record.manifest.recipe, stage, reporter or Reporter())
 
 
 def eval_run(

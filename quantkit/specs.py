@@ -81,6 +81,13 @@ class GateSpec(StrictModel):
     min_prefill_speed_ratio: float | None = Field(None, ge=0, description="min prefill speed / baseline's")
     max_peak_memory_bytes: int | None = Field(None, ge=0, description="max peak memory, bytes")
     max_memory_ratio: float | None = Field(None, ge=0, description="max peak memory / baseline's")
+    max_ttft_p95: float | None = Field(None, gt=0, description="max p95 time to first token, served (s)")
+    max_tpot_p95: float | None = Field(None, gt=0, description="max p95 time per output token, served (s)")
+    max_e2e_p95: float | None = Field(None, gt=0, description="max p95 end-to-end latency, served (s)")
+    min_goodput: float | None = Field(
+        None, ge=0, le=1, description="min share of requests meeting every SLO, served (0-1)"
+    )
+    min_output_tok_s: float | None = Field(None, ge=0, description="min output tokens/s, served")
     require_significance: bool = Field(
         False, description="judge KLD, ppl and top-1 by bootstrap intervals over the eval windows"
     )

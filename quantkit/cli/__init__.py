@@ -8,7 +8,7 @@ import sys
 import typer
 
 from quantkit import __version__
-from quantkit.cli import backends, bench, eval, gate, plan, quantize, recipes, report, runs, sweep
+from quantkit.cli import backends, bench, eval, gate, plan, quantize, recipes, report, runs, serve, sweep
 from quantkit.errors import QuantkitError
 
 app = typer.Typer(
@@ -25,6 +25,7 @@ app.command("bench")(bench.bench)
 app.command("plan")(plan.plan)
 app.command("eval")(eval.eval_tasks)
 app.command("sweep")(sweep.sweep)
+app.command("serve")(serve.serve)
 app.add_typer(recipes.app, name="recipes")
 app.add_typer(backends.app, name="backends")
 app.add_typer(runs.app, name="runs")

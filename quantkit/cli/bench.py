@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 from rich.markup import escape
@@ -10,19 +11,131 @@ from rich.markup import escape
 from quantkit.cli.common import FormatOption, device_option, device_value
 from quantkit.cli.output import OutputFormat, RichReporter, emit_json, stderr, stdout
 from quantkit.device import DeviceChoice
+from quantkit.errors import UserInputError
+
+if TYPE_CHECKING:
+    from quantkit.serving.endpoint import Endpoint
+    from quantkit.serving.loadgen import LoadSpec
 
 
 def bench(
-    runs: list[Path] = typer.Argument(..., help="run folders made by quantkit quantize", metavar="RUN"),
+    runs: list[Path] = typer.Argument(
+        None, help="run folders made by quantkit quantize (optional with --endpoint)", metavar="[RUN]..."
+    ),
     price_per_hour: float | None = typer.Option(
         None, "--price-per-hour", help="USD per device-hour, for cost"
     ),
     repeats: int | None = typer.Option(None, "--repeats", help="timings per setting (median)"),
     device: DeviceChoice | None = device_option("the run's"),
+    endpoint: str | None = typer.Option(
+        None, "--endpoint", help="an OpenAI-compatible server's base URL: measure latency under load there"
+    ),
+    served_model: str | None = typer.Option(
+        None, "--served-model", help="with --endpoint: the model name to request (default: the one it lists)"
+    ),
+    api_key: str | None = typer.Option(
+        None, "--api-key", envvar="OPENAI_API_KEY", help="with --endpoint: the server's API key"
+    ),
+    concurrency: str = typer.Option("1,4", "--concurrency", help="with --endpoint: load levels, e.g. 1,4,16"),
+    request_rate: float | None = typer.Option(
+        None, "--request-rate", help="with --endpoint: requests/s with Poisson arrivals instead of levels"
+    ),
+    requests: int = typer.Option(32, "--requests", help="with --endpoint: requests per load level"),
+    max_tokens: int = typer.Option(64, "--max-tokens", help="with --endpoint: output tokens per request"),
+    prompt_lengths: str = typer.Option(
+        "128", "--prompt-lengths", help="with --endpoint: prompt lengths in tokens, e.g. 128,512"
+    ),
+    slo: str | None = typer.Option(
+        None, "--slo", help="with --endpoint: per-request objectives for goodput, e.g. ttft=500ms,tpot=50ms"
+    ),
+    side: str = typer.Option(
+        "artifact",
+        "--side",
+        help="with --endpoint and runs: the server serves the run's artifact or baseline",
+    ),
+    timeout: str = typer.Option(
+        "60s", "--timeout", help="with --endpoint: longest wait for a response's next data"
+    ),
+    max_level_time: str = typer.Option(
+        "600s", "--max-level-time", help="with --endpoint: a load level stops by itself after this"
+    ),
+    tokenizer: str = typer.Option(
+        "smollm2-135m", "--tokenizer", help="with --endpoint and no run: whose tokens prompt lengths count"
+    ),
     output_format: OutputFormat = FormatOption,
 ) -> None:
-    """Benchmark each run's artifact and its baseline side by side; update the run (manifest,
-    gate verdict, reports)."""
+    """Benchmark each run's artifact and its baseline side by side, in process; or, with
+    --endpoint, latency and throughput under load through a server (stored in the runs given)."""
+    runs = runs or []
+    if endpoint is not None:
+        from quantkit.cli.bench_endpoint import bench_endpoint
+
+        spec, target = _load_spec(
+            endpoint, served_model, api_key, concurrency, request_rate, requests, max_tokens,
+            prompt_lengths, slo, side, timeout, max_level_time, price_per_hour,
+        )  # fmt: skip
+        bench_endpoint(runs, target, spec, side, price_per_hour, tokenizer, output_format)
+        return
+    if not runs:
+        raise UserInputError("give RUN folders to benchmark, or --endpoint URL", "e.g. quantkit bench runs/*")
+    _bench_runs(runs, price_per_hour, repeats, device, output_format)
+
+
+def _load_spec(
+    url: str,
+    served_model: str | None,
+    api_key: str | None,
+    concurrency: str,
+    request_rate: float | None,
+    requests: int,
+    max_tokens: int,
+    prompt_lengths: str,
+    slo: str | None,
+    side: str,
+    timeout: str,
+    max_level_time: str,
+    price_per_hour: float | None,
+) -> tuple[LoadSpec, Endpoint]:
+    """Every --endpoint flag checked (exit 2 on any) before a request is sent."""
+    from pydantic import ValidationError
+
+    from quantkit.serving.endpoint import Endpoint, check_url
+    from quantkit.serving.loadgen import LoadSpec
+    from quantkit.serving.stats import Slo
+    from quantkit.serving.units import parse_counts, parse_duration, parse_slo
+
+    if side not in ("artifact", "baseline"):
+        raise UserInputError(f"--side: '{side}' is not artifact or baseline", "--side baseline")
+    if price_per_hour is not None and price_per_hour <= 0:
+        raise UserInputError("--price-per-hour must be positive", "e.g. --price-per-hour 4.5")
+    timeout_s = parse_duration(timeout, "--timeout")
+    try:
+        spec = LoadSpec(
+            concurrency=parse_counts(concurrency, "--concurrency"),
+            request_rate=request_rate,
+            requests=requests,
+            max_tokens=max_tokens,
+            prompt_lengths=parse_counts(prompt_lengths, "--prompt-lengths"),
+            slo=parse_slo(slo) if slo is not None else Slo(),
+            timeout_s=timeout_s,
+            max_level_s=parse_duration(max_level_time, "--max-level-time"),
+        )
+    except ValidationError as err:
+        first = err.errors()[0]
+        where = ".".join(str(part) for part in first["loc"])
+        flag = "--" + where.replace("_", "-")
+        raise UserInputError(f"{flag}: {first['msg']}", "see quantkit bench --help") from None
+    target = Endpoint(url=check_url(url), model=served_model, api_key=api_key or "EMPTY", timeout_s=timeout_s)
+    return spec, target
+
+
+def _bench_runs(
+    runs: list[Path],
+    price_per_hour: float | None,
+    repeats: int | None,
+    device: DeviceChoice | None,
+    output_format: OutputFormat,
+) -> None:
     from rich.table import Table
 
     from quantkit.metrics import format_metric

@@ -51,6 +51,12 @@ def _fraction(value: str | None, name: str) -> float | None:
     return None if number is None else (number / 100 if text.endswith("%") else number)
 
 
+def _seconds(value: str | None, name: str) -> float | None:
+    from quantkit.serving.units import parse_duration
+
+    return None if value is None else parse_duration(value, name)
+
+
 def _bytes(value: str | None, name: str) -> int | None:
     if value is None:
         return None
@@ -92,6 +98,21 @@ def gate(
     max_memory_ratio: float | None = typer.Option(
         None, "--max-memory-ratio", help="max peak memory relative to the baseline, e.g. 0.6"
     ),
+    max_ttft_p95: str | None = typer.Option(
+        None, "--max-ttft-p95", help="max p95 time to first token through the endpoint, e.g. 800ms"
+    ),
+    max_tpot_p95: str | None = typer.Option(
+        None, "--max-tpot-p95", help="max p95 time per output token through the endpoint, e.g. 50ms"
+    ),
+    max_e2e_p95: str | None = typer.Option(
+        None, "--max-e2e-p95", help="max p95 end-to-end request latency through the endpoint, e.g. 10s"
+    ),
+    min_goodput: str | None = typer.Option(
+        None, "--min-goodput", help="min share of requests meeting the SLO through the endpoint, e.g. 0.9"
+    ),
+    min_output_tok_s: float | None = typer.Option(
+        None, "--min-output-tok-s", help="min output tokens/s through the endpoint"
+    ),
     require_significance: bool | None = typer.Option(
         None,
         "--require-significance/--no-require-significance",
@@ -125,6 +146,11 @@ def gate(
         "min_prefill_speed_ratio": min_prefill_speed_ratio,
         "max_peak_memory_bytes": _bytes(max_peak_memory, "--max-peak-memory"),
         "max_memory_ratio": max_memory_ratio,
+        "max_ttft_p95": _seconds(max_ttft_p95, "--max-ttft-p95"),
+        "max_tpot_p95": _seconds(max_tpot_p95, "--max-tpot-p95"),
+        "max_e2e_p95": _seconds(max_e2e_p95, "--max-e2e-p95"),
+        "min_goodput": _fraction(min_goodput, "--min-goodput"),
+        "min_output_tok_s": min_output_tok_s,
         "require_significance": require_significance,
         "strict_inconclusive": strict_inconclusive,
         "confidence": _fraction(confidence, "--confidence"),
@@ -202,6 +228,9 @@ gate.__doc__ = (  # built from single-line paragraphs: the help reflows them
     "positions agreeing with its argmax), --min-task-recovery (% of its task score) and the "
     "*-ratio flags (quantized / baseline). Absolute: --max-kld and --max-kld-p99 (nats of "
     "KL(baseline || quantized)) and --max-peak-memory.\n\n"
+    "Served (quantkit bench RUN --endpoint): --max-ttft-p95, --max-tpot-p95, --max-e2e-p95 "
+    "(800ms, 0.8s), --min-goodput (0.9 or 90%) and --min-output-tok-s, at the highest load "
+    "level measured; any of them also fails the gate when a request failed.\n\n"
     "--require-significance judges KLD, ppl and top-1 by bootstrap intervals over the eval "
     "windows: a check fails only when the whole interval is past the threshold; an interval "
     "straddling it is inconclusive and passes unless --strict-inconclusive."

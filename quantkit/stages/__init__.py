@@ -23,6 +23,7 @@ STAGES: Registry[StageClass] = Registry(
         "evaluate": "quantkit.stages.evaluate:EvaluateStage",
         "lm_eval": "quantkit.stages.lm_eval:LmEvalStage",
         "bench": "quantkit.stages.bench:BenchStage",
+        "serve_bench": "quantkit.stages.serve_bench:ServeBenchStage",
     },
     UserInputError,
 )

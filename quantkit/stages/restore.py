@@ -17,6 +17,7 @@ from quantkit.stages.results import (
     QuantizeResult,
     ReferenceResult,
     RunResults,
+    ServeBenchResult,
     StageResult,
 )
 
@@ -68,6 +69,8 @@ def restore(manifest: Manifest, run_dir: Path) -> tuple[RunResults, dict[str, di
             notes=getattr(manifest.bench, "notes", []),
             seconds=timings.get("bench_s"),
         )
+    if manifest.serve is not None:
+        restored["serve_bench"] = ServeBenchResult.from_section(manifest.serve, timings.get("serve_bench_s"))
     results = RunResults()
     entries: dict[str, dict[str, JsonValue]] = {}
     for name, result in restored.items():

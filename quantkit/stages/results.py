@@ -7,6 +7,7 @@ from typing import TypeVar
 from pydantic import BaseModel, ConfigDict, Field
 
 from quantkit.manifest import ArtifactInfo, BenchFailure, BenchSection, LmEvalSection
+from quantkit.serving.record import ServeSection, side_metrics
 from quantkit.window_scores import WindowScores
 
 
@@ -45,6 +46,24 @@ class BenchResult(StageResult):
     baseline: dict[str, float] = Field(default_factory=dict)
     artifact: dict[str, float] = Field(default_factory=dict)
     notes: list[str] = Field(default_factory=list)
+
+
+class ServeBenchResult(StageResult):
+    """Serving measurements (both sides kept) and the headline metrics of each side."""
+
+    section: ServeSection
+    baseline: dict[str, float] = Field(default_factory=dict)
+    artifact: dict[str, float] = Field(default_factory=dict)
+
+    @classmethod
+    def from_section(cls, section: ServeSection, seconds: float | None) -> ServeBenchResult:
+        price = section.price_per_hour
+        return cls(
+            section=section,
+            baseline={} if section.baseline is None else side_metrics(section.baseline, price),
+            artifact={} if section.artifact is None else side_metrics(section.artifact, price),
+            seconds=seconds,
+        )
 
 
 R = TypeVar("R", bound=StageResult)

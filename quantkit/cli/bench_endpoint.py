@@ -1,0 +1,138 @@
+"""`quantkit bench --endpoint URL [RUN...]`: latency and throughput under load through an
+OpenAI-compatible server; with runs, stored in each run (its artifact, or ``--side baseline``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from rich.markup import escape
+
+from quantkit.cli.output import OutputFormat, RichReporter, emit_json, stderr, stdout
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from quantkit.serving.endpoint import Endpoint, ServerInfo
+    from quantkit.serving.loadgen import LoadSpec
+    from quantkit.serving.stats import LevelResult
+    from quantkit.store import RunRecord
+
+
+def bench_endpoint(
+    runs: list[Path],
+    endpoint: Endpoint,
+    spec: LoadSpec,
+    side: str,
+    price_per_hour: float | None,
+    tokenizer: str,
+    output_format: OutputFormat,
+) -> None:
+    """Measure the endpoint; store it in the runs when given (checked before any request)."""
+    from quantkit.serving.endpoint import describe
+
+    records = _runs(runs)
+    if not records:
+        from quantkit.serving.loadgen import run_load
+        from quantkit.serving.prompts import default_pools
+
+        info = describe(endpoint)
+        pools, _ = default_pools(tokenizer, spec.prompt_lengths, spec.seed)
+        if output_format == OutputFormat.human:
+            stderr.print(f"loading {escape(info.url)} ({escape(info.model)})")
+        levels = run_load(endpoint, info.model, pools, spec, _announce(output_format))
+        _show([("", side, info, levels)], price_per_hour, output_format)
+        return
+    from quantkit.pipeline import serve_bench_run
+    from quantkit.serving.record import ServeSideName
+
+    chosen: ServeSideName = "baseline" if side == "baseline" else "artifact"
+    shown: list[tuple[str, str, ServerInfo, list[LevelResult]]] = []
+    for record in records:
+        if output_format == OutputFormat.human:
+            stderr.print(f"loading {escape(endpoint.url)} as {escape(record.name)}'s {chosen}")
+        reporter = RichReporter() if output_format == OutputFormat.human else None
+        updated = serve_bench_run(record, endpoint, spec, chosen, price_per_hour, reporter).record
+        serve = updated.manifest.serve
+        measured = None if serve is None else serve.side(chosen)
+        if measured is not None:
+            shown.append((str(updated.path), chosen, measured.server, measured.levels))
+    _show(shown, price_per_hour, output_format)
+
+
+def _runs(paths: list[Path]) -> list[RunRecord]:
+    from quantkit.store import load_run
+
+    return [load_run(path) for path in paths]
+
+
+def _announce(output_format: OutputFormat) -> Callable[[LevelResult], None]:
+    def show(level: LevelResult) -> None:
+        if output_format == OutputFormat.human:
+            stderr.print(f"  {level.label}: {level.completed}/{level.requests} completed")
+
+    return show
+
+
+def _show(
+    rows: list[tuple[str, str, ServerInfo, list[LevelResult]]],
+    price: float | None,
+    output_format: OutputFormat,
+) -> None:
+    from rich.table import Table
+
+    from quantkit.metrics import format_number
+
+    if output_format == OutputFormat.json:
+        emit_json(
+            [
+                {
+                    "run": run or None,
+                    "side": side,
+                    "server": info.model_dump(mode="json"),
+                    "levels": [level.model_dump(mode="json") for level in levels],
+                }
+                for run, side, info, levels in rows
+            ]
+        )
+        return
+    table = Table(title="serving under load (client-side; percentiles over completed requests)")
+    columns = ("run", "load", "ok/sent", "req/s", "out tok/s", "TTFT p50", "TTFT p95", "TPOT p95")
+    for column in (*columns, "ITL p95", "E2E p95", "goodput"):
+        table.add_column(column, justify="left" if column in ("run", "load") else "right")
+
+    def ms(value: float | None) -> str:
+        return "—" if value is None else f"{1000 * value:.0f} ms"
+
+    for run, side, _info, levels in rows:
+        label = escape(f"{Path(run).name} ({side})" if run else side)
+        for level in levels:
+            table.add_row(
+                label,
+                level.label,
+                f"{level.completed}/{level.requests}",
+                format_number("tok_s", level.request_throughput),
+                format_number("tok_s", level.output_tok_s),
+                ms(level.ttft.p50),
+                ms(level.ttft.p95),
+                ms(level.tpot.p95),
+                ms(level.itl.p95),
+                ms(level.e2e.p95),
+                "—" if level.goodput is None else f"{100 * level.goodput:.0f}%",
+            )
+    stdout.print(table)
+    for _run, _side, _info, levels in rows:
+        for level in levels:
+            for reason, count in level.errors.items():
+                stderr.print(f"[yellow]failed:[/yellow] {level.label}: {count} x {escape(reason)}")
+    if price is not None:
+        for run, _side, _info, levels in rows:
+            top = max(levels, key=lambda item: (item.concurrency or 0, item.request_rate or 0.0))
+            if top.request_throughput > 0 and top.output_tok_s > 0:
+                per_request = price / 3600 / top.request_throughput
+                per_mtok = price / 3600 / top.output_tok_s * 1e6
+                where = f" ({escape(Path(run).name)})" if run else ""
+                stderr.print(
+                    f"cost at {top.label}{where}: ${per_request:.3g} per request, "
+                    f"${per_mtok:.3g} per 1M output tokens"
+                )
