@@ -33,6 +33,7 @@ from quantkit.stages.results import (
     QuantizeResult,
     ReferenceResult,
     ServeBenchResult,
+    ServeEvalResult,
     StageResult,
 )
 
@@ -93,6 +94,9 @@ def _metrics(ctx: RunContext) -> tuple[dict[str, float], dict[str, float]]:
     if serve is not None:
         baseline |= serve.baseline
         quantized |= serve.artifact | cost_per_task(quantized | serve.artifact)
+    served = results.get("serve_eval", ServeEvalResult)
+    if served is not None:
+        quantized |= served.quality.metrics
     return baseline, quantized
 
 
@@ -107,6 +111,7 @@ def _timings(ctx: RunContext, header: RunHeader) -> dict[str, float]:
         ("eval_s", results.get("evaluate", EvaluateResult)),
         ("bench_s", results.get("bench", BenchResult)),
         ("serve_bench_s", results.get("serve_bench", ServeBenchResult)),
+        ("serve_eval_s", results.get("serve_eval", ServeEvalResult)),
     ]
     for key, result in pairs:
         if result is not None and result.seconds is not None:
@@ -143,6 +148,7 @@ def build_manifest(ctx: RunContext, header: RunHeader) -> Manifest:
     evaluation = results.require("evaluate", EvaluateResult)
     bench = results.get("bench", BenchResult)
     serve = results.get("serve_bench", ServeBenchResult)
+    served = results.get("serve_eval", ServeEvalResult)
     lm_entries = results.lm_eval()
     baseline, quantized = _metrics(ctx)
     dtype = baseline_dtype(ctx.device)
@@ -183,6 +189,7 @@ def build_manifest(ctx: RunContext, header: RunHeader) -> Manifest:
         bench=None if bench is None else bench.section,
         lm_eval=[entry.section for entry in lm_entries] or None,
         serve=None if serve is None else serve.section,
+        served_quality=None if served is None else served.quality,
         timings=_timings(ctx, header),
         stages={name: StageRecord.model_validate(record) for name, record in ctx.journal.checksums().items()},
         resume=header.resume,

@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, JsonValue
 from quantkit.gate import GateResult
 from quantkit.metrics import metric_info
 from quantkit.recipe import Recipe
-from quantkit.serving.record import ServeSection
+from quantkit.serving.record import ServedQuality, ServeSection
 from quantkit.specs import LmEvalSpec, RunKind
 
 MANIFEST_SCHEMA = 2
@@ -213,6 +213,7 @@ class Manifest(Record):
     bench: BenchSection | BenchFailure | None = None
     lm_eval: list[LmEvalSection] | None = None
     serve: ServeSection | None = None  # latency under load through an endpoint (quantkit bench --endpoint)
+    served_quality: ServedQuality | None = None  # quality through an endpoint (quantkit eval --endpoint)
     timings: dict[str, float] = Field(default_factory=dict)
     stages: dict[str, StageRecord] = Field(default_factory=dict)
     resume: ResumeInfo | None = None

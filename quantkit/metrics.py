@@ -45,6 +45,8 @@ class MetricInfo:
             return "evaluate"
         if self.name.startswith("serve_"):
             return "serve_bench"
+        if self.name.startswith("served_"):
+            return "serve_eval"
         return "lm_eval" if self.name == "task_recovery_pct" else "bench"
 
 
@@ -205,6 +207,24 @@ _ALL += [
         False,
         "usd",
         "served: cost of a request / lm-eval task recovery (cost of a successful task)",
+    ),
+]
+
+# The model as served, scored through the endpoint's prompt log-probs (quantkit eval --endpoint)
+_ALL += [
+    MetricInfo("served_ppl", "", False, False, "ppl", "served: perplexity on the eval windows"),
+    MetricInfo(
+        "served_ppl_increase_pct", "%", False, True, "pct_delta", "served: perplexity vs the baseline"
+    ),
+    MetricInfo("served_kld_mean", "nats", False, False, "nats", "served: mean KLD (top-k + rest estimate)"),
+    MetricInfo("served_kld_p99", "nats", False, False, "nats", "served: p99 per-token KLD (top-k + rest)"),
+    MetricInfo(
+        "served_top1_agreement_pct",
+        "%",
+        True,
+        True,
+        "pct",
+        "served: tokens whose argmax matches the baseline's",
     ),
 ]
 

@@ -306,6 +306,18 @@ def serve_bench_run(
     return _update_run(record, record.manifest.recipe, stage, reporter or Reporter())
 
 
+def serve_eval_run(
+    record: RunRecord, endpoint: Endpoint, top_k: int | None, reporter: Reporter | None = None
+) -> RunResult:
+    """Score the run's eval windows through ``endpoint`` (serving its artifact) against its
+    cached reference, after the server's alignment self-check."""
+    from quantkit.stages.serve_eval import ServeEvalStage
+
+    return _update_run(
+        record, record.manifest.recipe, ServeEvalStage(endpoint, top_k), reporter or Reporter()
+    )
+
+
 def eval_run(
     record: RunRecord, spec: LmEvalSpec, device: str | None, reporter: Reporter | None = None
 ) -> RunResult:

@@ -33,7 +33,7 @@ def bench_endpoint(
 
     records = _runs(runs)
     if not records:
-        from quantkit.serving.loadgen import run_load
+        from quantkit.serving.loadgen import check_answered, run_load
         from quantkit.serving.prompts import default_pools
 
         info = describe(endpoint)
@@ -41,6 +41,7 @@ def bench_endpoint(
         if output_format == OutputFormat.human:
             stderr.print(f"loading {escape(info.url)} ({escape(info.model)})")
         levels = run_load(endpoint, info.model, pools, spec, _announce(output_format))
+        check_answered(levels, info.url)
         _show([("", side, info, levels)], price_per_hour, output_format)
         return
     from quantkit.pipeline import serve_bench_run

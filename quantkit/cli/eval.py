@@ -50,10 +50,30 @@ def eval_tasks(
     overwrite: bool = typer.Option(False, "--overwrite", help="replace an existing --out folder"),
     device: DeviceChoice | None = device_option("the run's"),
     allow_implausible_baseline: bool = AllowImplausibleOption,
+    endpoint: str | None = typer.Option(
+        None, "--endpoint", help="score each RUN through this OpenAI-compatible server serving its artifact"
+    ),
+    served_model: str | None = typer.Option(None, "--served-model", help="with --endpoint: model name"),
+    api_key: str | None = typer.Option(
+        None, "--api-key", envvar="OPENAI_API_KEY", help="with --endpoint: the server's API key"
+    ),
+    top_logprobs: int | None = typer.Option(
+        None, "--top-logprobs", help="with --endpoint: log-probs asked per position (default 20, vLLM's cap)"
+    ),
     output_format: OutputFormat = FormatOption,
 ) -> None:
     """Run lm-eval tasks on each run's artifact and its baseline, updating the run; or, with
     --baseline, evaluate artifacts quantkit did not make (a run of kind external each)."""
+    if endpoint is not None:
+        from quantkit.cli.eval_endpoint import eval_endpoint
+
+        if baseline is not None or tasks is not None:
+            raise UserInputError(
+                "--endpoint scores the runs' eval windows; it takes no --baseline or --tasks",
+                "quantkit eval RUN --endpoint URL",
+            )
+        eval_endpoint(targets, endpoint, served_model, api_key, top_logprobs, output_format)
+        return
     if baseline is None:
         external = _external_only(recipe, overrides, out, name, bench, allow_implausible_baseline)
         given = [flag for flag, value in external if value]

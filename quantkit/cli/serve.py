@@ -30,6 +30,7 @@ def serve(
     """Start llama-cpp-python's server on a GGUF, wait until it answers, print its base URL
     (stdout) and keep it running until Ctrl-C. HF-format artifacts (FP8, GPTQ, AWQ) are served
     by vLLM: `vllm serve RUN/artifact`, then `quantkit bench RUN --endpoint URL`."""
+    import signal
     import time
 
     from quantkit.serving.server import LlamaServer, check_server_installed
@@ -37,7 +38,12 @@ def serve(
     check_server_installed()
     gguf, alias = _target(target, baseline)
     server = LlamaServer(gguf, name or alias, host, port, context_length, threads)
-    server.start()
+    signal.signal(signal.SIGTERM, _interrupt)  # `kill` stops the server too, as Ctrl-C does
+    try:
+        server.start()
+    except KeyboardInterrupt:
+        server.stop()
+        raise
     typer.echo(server.url)
     stderr.print(f"serving {escape(server.alias)} from {escape(str(gguf))}; Ctrl-C stops it")
     try:
@@ -93,3 +99,7 @@ def _baseline_gguf(model_path: Path) -> Path:
     converted = backend.runtime_baseline(model_path, lambda message: stderr.print(escape(message)))
     assert converted is not None
     return converted
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt

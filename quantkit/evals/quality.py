@@ -24,7 +24,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, ClassVar, Protocol
 
 from quantkit.errors import BackendError
 from quantkit.window_scores import BaselineWindows, QuantizedWindows, WindowScores
@@ -33,7 +33,7 @@ if TYPE_CHECKING:
     import numpy as np
 
     from quantkit.evals.reference import Reference
-    from quantkit.runtimes.base import Runtime, Scores
+    from quantkit.runtimes.base import Runtime, ScoreRequest, Scores
     from quantkit.tokens import TokenWindows
 
 _TINY = 1e-30
@@ -150,13 +150,23 @@ def sampled_kld(
     return np.clip(kl_top + kl_rest, 0.0, None)
 
 
+class Scorer(Protocol):
+    """What scoring needs of a runtime: a name, whether it can be asked about any token id,
+    and ``score`` (a loaded Runtime, or an endpoint: ``quantkit.serving.scoring``)."""
+
+    name: ClassVar[str]
+    scores_any_token: ClassVar[bool]
+
+    def score(self, request: ScoreRequest) -> Scores: ...
+
+
 def kld_estimator(runtime: Runtime, reference: Reference) -> str:
     """The name of the KLD estimator ``score`` uses for this runtime and reference."""
     return "sampled-tail" if runtime.scores_any_token and reference.tail_samples else "top-k+rest"
 
 
 def score(
-    runtime: Runtime,
+    runtime: Scorer,
     windows: TokenWindows,
     reference: Reference,
     batch_size: int,

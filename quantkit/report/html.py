@@ -61,6 +61,7 @@ def _plots(group: Group, index: int) -> str:
         "bits per weight instead: down and to the left is better."
     )
     suffix = "" if index == 0 else f"-{index}"
+    served = _served_plot(group, suffix)
     return f"""<div class="plots">
 <figure id="plot-size{suffix}">
 {plots.quality_vs_size(group.rows)}
@@ -72,8 +73,35 @@ KLD of 0 sits on its own slot below the axis break.</figcaption>
 {plots.speed_vs_quality(group.rows)}
 <figcaption>{escape(second_caption)} Orange points joined by the dashed line form the Pareto front
 (not dominated on both axes).</figcaption>
-</figure>
+</figure>{served}
 </div>"""
+
+
+def _served_plot(group: Group, suffix: str) -> str:
+    """Latency against throughput across the load levels of every served model in the group."""
+    series = []
+    for position, row in enumerate(group.rows):
+        levels = row.get("serve_levels")
+        if not isinstance(levels, list) or not levels:
+            continue
+        points = [
+            (str(level[0]), float(level[1]), float(level[2]))
+            for level in levels
+            if isinstance(level, list)
+            and isinstance(level[1], (int, float))
+            and isinstance(level[2], (int, float))
+        ]
+        name = "baseline" if position == 0 else str(row.get("name"))
+        series.append(plots.Series(name, points, baseline=position == 0))
+    if not series:
+        return ""
+    return f"""
+<figure id="plot-served{suffix}">
+{plots.latency_vs_throughput(series)}
+<figcaption>Through the server (quantkit bench --endpoint): p95 end-to-end latency against output
+tokens/s at each load level (c = concurrent requests): down and to the right is better. The dashed grey
+line is the baseline served the same way, where it was measured.</figcaption>
+</figure>"""
 
 
 def _section(comparison: Comparison, group: Group, index: int) -> str:

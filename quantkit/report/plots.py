@@ -279,3 +279,95 @@ def speed_vs_quality(rows: Sequence[Mapping[str, JsonValue]]) -> str:
         y_log=False,
     )
     return scatter_svg(_points(rows, "weight_bits", "ppl_increase_pct"), size)
+
+
+@dataclass(frozen=True)
+class Series:
+    """One model served at several load levels: (label, output tok/s, p95 E2E s) per level."""
+
+    name: str
+    levels: list[tuple[str, float, float]]
+    baseline: bool = False
+
+
+SERIES_COLOURS = ("#1c7ed6", "#d9480f", "#2f9e44", "#9c36b5", "#e67700", "#0c8599")
+
+
+def latency_vs_throughput(series: Sequence[Series]) -> str:
+    """p95 end-to-end latency against output throughput, one line per served model through
+    its load levels (each point labelled with its level): down and to the right is better."""
+    xs = [x for s in series for _, x, _ in s.levels]
+    ys = [y for s in series for _, _, y in s.levels]
+    x_axis, y_axis = Axis(xs or [0.0, 1.0], False), Axis(ys or [0.0, 1.0], False)
+    title = "Latency vs throughput, served"
+
+    def sx(v: float) -> float:
+        return LEFT + x_axis.frac(v) * PLOT_W
+
+    def sy(v: float) -> float:
+        return TOP + (1 - y_axis.frac(v)) * PLOT_H
+
+    parts = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" class="plot" width="{WIDTH}" height="{HEIGHT}" '
+        f'viewBox="0 0 {WIDTH} {HEIGHT}" role="img" aria-label="{escape(title)}" '
+        'font-family="system-ui, -apple-system, Segoe UI, Helvetica, Arial, sans-serif" font-size="12">',
+        f"<title>{escape(title)}</title>",
+        f'<rect x="0" y="0" width="{WIDTH}" height="{HEIGHT}" fill="#ffffff"/>',
+        _text(WIDTH / 2, 24, title, text_anchor="middle", font_size="15", font_weight="600"),
+        f'<rect x="{LEFT}" y="{TOP}" width="{PLOT_W}" height="{PLOT_H}" fill="#f8f9fa" stroke="#adb5bd"/>',
+    ]
+    for value, text in x_axis.tick_marks():
+        x = sx(value)
+        parts.append(f'<line x1="{x:.1f}" y1="{TOP}" x2="{x:.1f}" y2="{TOP + PLOT_H}" stroke="#e9ecef"/>')
+        parts.append(_text(x, TOP + PLOT_H + 17, text, text_anchor="middle", fill="#343a40"))
+    for value, text in y_axis.tick_marks():
+        y = sy(value)
+        parts.append(f'<line x1="{LEFT}" y1="{y:.1f}" x2="{LEFT + PLOT_W}" y2="{y:.1f}" stroke="#e9ecef"/>')
+        parts.append(_text(LEFT - 7, y + 4, text, text_anchor="end", fill="#343a40"))
+    parts.append(
+        _text(
+            LEFT + PLOT_W / 2,
+            TOP + PLOT_H + 38,
+            "output tokens/s (higher is better)",
+            text_anchor="middle",
+            font_weight="600",
+        )
+    )
+    y_mid = TOP + PLOT_H / 2
+    parts.append(
+        _text(
+            18,
+            y_mid,
+            "p95 end-to-end latency, s (lower is better)",
+            text_anchor="middle",
+            font_weight="600",
+            transform=f"rotate(-90 18 {y_mid})",
+        )
+    )
+    for index, item in enumerate(series):
+        colour = BASE_COLOUR if item.baseline else SERIES_COLOURS[index % len(SERIES_COLOURS)]
+        dash = ' stroke-dasharray="6 4"' if item.baseline else ""
+        path = " ".join(f"{sx(x):.1f},{sy(y):.1f}" for _, x, y in item.levels)
+        parts.append(
+            f'<polyline class="series" points="{path}" fill="none" stroke="{colour}" stroke-width="2"{dash}/>'
+        )
+        for label, x, y in item.levels:
+            tip = f"<title>{escape(item.name)} at {escape(label)}: {x:.1f} tok/s, p95 {y:.3f} s</title>"
+            parts.append(
+                f'<circle class="point" cx="{sx(x):.1f}" cy="{sy(y):.1f}" r="5" fill="{colour}" '
+                f'stroke="#212529">{tip}</circle>'
+            )
+            parts.append(_text(sx(x) + 7, sy(y) - 7, label, fill="#212529", class_="label"))
+        legend_y = HEIGHT - 40 + 14 * (index // 3)
+        legend_x = LEFT + 190 * (index % 3)
+        parts.append(
+            f'<line x1="{legend_x}" y1="{legend_y - 4}" x2="{legend_x + 22}" y2="{legend_y - 4}" '
+            f'stroke="{colour}" stroke-width="2"{dash}/>'
+        )
+        parts.append(_text(legend_x + 28, legend_y, item.name[:28]))
+    if not series:
+        parts.append(
+            _text(LEFT + PLOT_W / 2, TOP + PLOT_H / 2, "no data", text_anchor="middle", fill="#868e96")
+        )
+    parts.append("</svg>")
+    return "\n".join(parts)

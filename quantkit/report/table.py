@@ -13,6 +13,7 @@ from pydantic import JsonValue
 
 from quantkit import __version__
 from quantkit.metrics import METRICS, format_metric
+from quantkit.serving.record import ServeSide
 from quantkit.store import RunRecord
 
 REPORT_SCHEMA = 2
@@ -45,6 +46,15 @@ OPTIONAL_COLUMNS: list[tuple[str, str]] = [
     ("runtime_decode_speed_ratio", "decode × unquantized, same runtime"),
     ("cost_per_mtok_usd", "$/1M tok (batch 1)"),
     ("task_recovery_pct", "lm-eval recovery %"),
+    ("serve_ttft_p95_s", "served TTFT p95 s"),
+    ("serve_tpot_p95_s", "served TPOT p95 s"),
+    ("serve_e2e_p95_s", "served E2E p95 s"),
+    ("serve_output_tok_s", "served out tok/s"),
+    ("serve_goodput", "served goodput"),
+    ("serve_failed_requests", "served failed"),
+    ("serve_cost_per_mtok_usd", "served $/1M tok"),
+    ("serve_cost_per_task_usd", "served $/task"),
+    ("served_kld_mean", "served KLD (top-k)"),
 ]
 
 TEXT_KEYS = ("name", "run_id", "method", "scheme")
@@ -139,7 +149,20 @@ def _baseline_row(record: RunRecord, index: int) -> Row:
         row[key] = baseline.get(key)
     if baseline.get("decode_tok_s") is not None:
         row["decode_speed_ratio"] = 1.0  # the baseline against itself
+    serve = manifest.serve
+    row["serve_levels"] = serve_levels(None if serve is None else serve.baseline)
     return row
+
+
+def serve_levels(side: ServeSide | None) -> JsonValue:
+    """[[level, output tok/s, p95 E2E s, p95 TTFT s], ...] of a served side (None: not served)."""
+    if side is None:
+        return None
+    return [
+        [level.label, level.output_tok_s, level.e2e.p95, level.ttft.p95]
+        for level in side.levels
+        if level.e2e.p95 is not None
+    ]
 
 
 def _conversion_seconds(details: dict[str, JsonValue]) -> float | None:
@@ -175,6 +198,7 @@ def _run_row(record: RunRecord, index: int) -> Row:
         "model": manifest.model.spec,
         "group": index,
         "gate_passed": None if manifest.gate is None else manifest.gate.passed,
+        "serve_levels": serve_levels(None if manifest.serve is None else manifest.serve.artifact),
     }
     for key in (*_QUALITY, *(key for key, _ in OPTIONAL_COLUMNS)):
         row.setdefault(key, quantized.get(key))  # convert_s comes from the artifact, not a metric

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from quantkit.errors import UserInputError
 from quantkit.serving.stats import LevelResult, RequestRecord, Slo, summarize
 
 if TYPE_CHECKING:
@@ -205,3 +206,20 @@ def run_load(
         results.append(result)
         on_level(result)
     return results
+
+
+def check_answered(results: list[LevelResult], url: str) -> None:
+    """Refuse a measurement in which no request completed (nothing to store or gate on)."""
+    if any(level.completed for level in results):
+        return
+    reasons: dict[str, int] = {}
+    for level in results:
+        for reason, count in level.errors.items():
+            reasons[reason] = reasons.get(reason, 0) + count
+    listed = ", ".join(
+        f"{reason} (x{count})" for reason, count in sorted(reasons.items(), key=lambda i: -i[1])
+    )
+    raise UserInputError(
+        f"every request to {url} failed: {listed or 'no request was sent'}",
+        "check the server's log; --timeout raises the wait for a slow server",
+    )

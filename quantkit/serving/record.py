@@ -74,3 +74,18 @@ def cost_per_task(quantized: dict[str, float]) -> dict[str, float]:
     if cost is None or not recovery:
         return {}
     return {"serve_cost_per_task_usd": cost / (recovery / 100.0)}
+
+
+class ServedQuality(BaseModel):
+    """Quality of the model as served, against the run's cached reference (quantkit eval RUN
+    --endpoint): the protocol the server answered, the top-k asked, the alignment check."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    server: ServerInfo
+    protocol: str  # prompt_logprobs | echo
+    top_k: int
+    kld_estimator: str = "top-k+rest"
+    alignment: dict[str, float]  # top-1 agreement at offsets early / aligned / late
+    metrics: dict[str, float]  # served_* metrics
+    measured_at: str

@@ -24,6 +24,7 @@ STAGES: Registry[StageClass] = Registry(
         "lm_eval": "quantkit.stages.lm_eval:LmEvalStage",
         "bench": "quantkit.stages.bench:BenchStage",
         "serve_bench": "quantkit.stages.serve_bench:ServeBenchStage",
+        "serve_eval": "quantkit.stages.serve_eval:ServeEvalStage",
     },
     UserInputError,
 )

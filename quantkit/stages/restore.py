@@ -18,6 +18,7 @@ from quantkit.stages.results import (
     ReferenceResult,
     RunResults,
     ServeBenchResult,
+    ServeEvalResult,
     StageResult,
 )
 
@@ -71,6 +72,10 @@ def restore(manifest: Manifest, run_dir: Path) -> tuple[RunResults, dict[str, di
         )
     if manifest.serve is not None:
         restored["serve_bench"] = ServeBenchResult.from_section(manifest.serve, timings.get("serve_bench_s"))
+    if manifest.served_quality is not None:
+        restored["serve_eval"] = ServeEvalResult(
+            quality=manifest.served_quality, seconds=timings.get("serve_eval_s")
+        )
     results = RunResults()
     entries: dict[str, dict[str, JsonValue]] = {}
     for name, result in restored.items():

@@ -7,7 +7,7 @@ from typing import TypeVar
 from pydantic import BaseModel, ConfigDict, Field
 
 from quantkit.manifest import ArtifactInfo, BenchFailure, BenchSection, LmEvalSection
-from quantkit.serving.record import ServeSection, side_metrics
+from quantkit.serving.record import ServedQuality, ServeSection, side_metrics
 from quantkit.window_scores import WindowScores
 
 
@@ -64,6 +64,10 @@ class ServeBenchResult(StageResult):
             artifact={} if section.artifact is None else side_metrics(section.artifact, price),
             seconds=seconds,
         )
+
+
+class ServeEvalResult(StageResult):
+    quality: ServedQuality
 
 
 R = TypeVar("R", bound=StageResult)

@@ -38,7 +38,7 @@ class ServeBenchStage(Stage[ServeBenchResult]):
     def run(self, ctx: RunContext) -> StageOutput[ServeBenchResult]:
         from quantkit.finalize import now
         from quantkit.serving.endpoint import describe
-        from quantkit.serving.loadgen import run_load
+        from quantkit.serving.loadgen import check_answered, run_load
         from quantkit.serving.prompts import prompt_pools
         from quantkit.serving.record import ServeSection, ServeSide
 
@@ -51,6 +51,7 @@ class ServeBenchStage(Stage[ServeBenchResult]):
         title = f"serving load on {info.url} ({info.model}, {self.side})"
         with ctx.reporter.stage(title, total=len(self.spec.concurrency)) as advance:
             levels = run_load(self.endpoint, info.model, pools, self.spec, lambda _: advance(1))
+        check_answered(levels, info.url)
         side = ServeSide(
             server=info,
             settings=self.spec,
