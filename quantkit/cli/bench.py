@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import typer
 from rich.markup import escape
@@ -12,10 +11,6 @@ from quantkit.cli.common import FormatOption, device_option, device_value
 from quantkit.cli.output import OutputFormat, RichReporter, emit_json, stderr, stdout
 from quantkit.device import DeviceChoice
 from quantkit.errors import UserInputError
-
-if TYPE_CHECKING:
-    from quantkit.serving.endpoint import Endpoint
-    from quantkit.serving.loadgen import LoadSpec
 
 
 def bench(
@@ -68,65 +63,19 @@ def bench(
     --endpoint, latency and throughput under load through a server (stored in the runs given)."""
     runs = runs or []
     if endpoint is not None:
-        from quantkit.cli.bench_endpoint import bench_endpoint
+        from quantkit.cli.bench_endpoint import EndpointFlags, bench_endpoint
 
-        spec, target = _load_spec(
-            endpoint, served_model, api_key, concurrency, request_rate, requests, max_tokens,
-            prompt_lengths, slo, side, timeout, max_level_time, price_per_hour,
+        flags = EndpointFlags(
+            url=endpoint, served_model=served_model, api_key=api_key, concurrency=concurrency,
+            request_rate=request_rate, requests=requests, max_tokens=max_tokens,
+            prompt_lengths=prompt_lengths, slo=slo, side=side, timeout=timeout,
+            max_level_time=max_level_time, price_per_hour=price_per_hour, tokenizer=tokenizer,
         )  # fmt: skip
-        bench_endpoint(runs, target, spec, side, price_per_hour, tokenizer, output_format)
+        bench_endpoint(runs, flags.plan(), output_format)
         return
     if not runs:
         raise UserInputError("give RUN folders to benchmark, or --endpoint URL", "e.g. quantkit bench runs/*")
     _bench_runs(runs, price_per_hour, repeats, device, output_format)
-
-
-def _load_spec(
-    url: str,
-    served_model: str | None,
-    api_key: str | None,
-    concurrency: str,
-    request_rate: float | None,
-    requests: int,
-    max_tokens: int,
-    prompt_lengths: str,
-    slo: str | None,
-    side: str,
-    timeout: str,
-    max_level_time: str,
-    price_per_hour: float | None,
-) -> tuple[LoadSpec, Endpoint]:
-    """Every --endpoint flag checked (exit 2 on any) before a request is sent."""
-    from pydantic import ValidationError
-
-    from quantkit.serving.endpoint import Endpoint, check_url
-    from quantkit.serving.loadgen import LoadSpec
-    from quantkit.serving.stats import Slo
-    from quantkit.serving.units import parse_counts, parse_duration, parse_slo
-
-    if side not in ("artifact", "baseline"):
-        raise UserInputError(f"--side: '{side}' is not artifact or baseline", "--side baseline")
-    if price_per_hour is not None and price_per_hour <= 0:
-        raise UserInputError("--price-per-hour must be positive", "e.g. --price-per-hour 4.5")
-    timeout_s = parse_duration(timeout, "--timeout")
-    try:
-        spec = LoadSpec(
-            concurrency=parse_counts(concurrency, "--concurrency"),
-            request_rate=request_rate,
-            requests=requests,
-            max_tokens=max_tokens,
-            prompt_lengths=parse_counts(prompt_lengths, "--prompt-lengths"),
-            slo=parse_slo(slo) if slo is not None else Slo(),
-            timeout_s=timeout_s,
-            max_level_s=parse_duration(max_level_time, "--max-level-time"),
-        )
-    except ValidationError as err:
-        first = err.errors()[0]
-        where = ".".join(str(part) for part in first["loc"])
-        flag = "--" + where.replace("_", "-")
-        raise UserInputError(f"{flag}: {first['msg']}", "see quantkit bench --help") from None
-    target = Endpoint(url=check_url(url), model=served_model, api_key=api_key or "EMPTY", timeout_s=timeout_s)
-    return spec, target
 
 
 def _bench_runs(

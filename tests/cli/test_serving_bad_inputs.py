@@ -63,7 +63,9 @@ def test_a_server_whose_every_request_fails_is_refused_and_nothing_is_stored(
     shutil.copytree(run, copy)
     before = (copy / "manifest.json").read_bytes()
     with start_server(mode) as url:
-        code, _, err = run_cli(capsys, "bench", copy, "--endpoint", url, *LOAD, "--concurrency", "1,2", *extra)
+        code, _, err = run_cli(
+            capsys, "bench", copy, "--endpoint", url, *LOAD, "--concurrency", "1,2", *extra
+        )
     assert code == 2
     first, hint = one_error(err)
     assert first == f"error: every request to {url} failed: {message.split('failed: ')[1]}"
@@ -90,7 +92,9 @@ def test_unreachable_url_and_wrong_model_name(
         code, _, err = run_cli(capsys, "bench", run, "--endpoint", root, *LOAD)
         assert code == 2
         first, hint = one_error(err)
-        assert first == f"error: {root}/models is not found (404): '{root}' is not an OpenAI-compatible base URL"
+        assert (
+            first == f"error: {root}/models is not found (404): '{root}' is not an OpenAI-compatible base URL"
+        )
         assert "/v1" in hint
 
 

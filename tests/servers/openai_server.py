@@ -10,6 +10,8 @@ of their own), for what no real server here does:
 - ``stall``: streams one chunk, then sends nothing more.
 - ``cut``: streams a few chunks and ends without a ``finish_reason``.
 - ``nologprobs``: completions without any log-probs (echo and prompt_logprobs ignored).
+- ``instant``: streams ``max_tokens`` chunks at once (the load generator's own overhead,
+  bench/serving_overhead.py).
 
 ``python tests/servers/openai_server.py MODE PORT [GGUF]``.
 """
@@ -78,7 +80,8 @@ async def _stream(mode: str, max_tokens: int):  # type: ignore[no-untyped-def]
         return
     count = max_tokens if mode != "cut" else max(1, max_tokens // 2)
     for index in range(count):
-        await asyncio.sleep(0.002)
+        if mode != "instant":
+            await asyncio.sleep(0.002)
         last = index == count - 1 and mode != "cut"
         yield _chunk(" word", "length" if last else None)
     yield "data: [DONE]\n\n"

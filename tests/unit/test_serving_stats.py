@@ -61,9 +61,7 @@ def test_goodput_counts_requests_meeting_every_slo_over_all_sent() -> None:
     records = _records()
     slo = Slo(ttft=0.5, tpot=0.03)
     level = summarize(records, duration_s=10.0, slo=slo, request_rate=2.0)
-    expected = sum(
-        1 for r in records if r.ok and r.ttft <= 0.5 and (r.output_tokens <= 1 or r.tpot <= 0.03)
-    )
+    expected = sum(1 for r in records if r.ok and r.ttft <= 0.5 and (r.output_tokens <= 1 or r.tpot <= 0.03))
     assert 0 < expected < 41
     assert level.goodput == pytest.approx(expected / 44)  # failed requests count as missing it
     assert level.goodput_req_s == pytest.approx(expected / 10.0)
