@@ -158,3 +158,29 @@ def test_the_gate_fails_on_missing_serving_metrics_and_on_failed_requests(
         ("serve_failed_requests", False),
     ]
     assert not result.passed
+
+
+def test_poisson_arrivals_at_a_request_rate_without_a_run(
+    tiny_model: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The load at --request-rate: requests leave on the seeded exponential schedule, so the
+    level lasts at least until the last arrival; the endpoint-only form prints JSON."""
+    args = ["--request-rate", "40", "--requests", "12", "--max-tokens", "4", "--prompt-lengths", "16,24"]
+    with start_server("instant") as url:
+        code, out, err = run_cli(
+            capsys, "bench", "--endpoint", url, "--tokenizer", tiny_model, *args, "--format", "json"
+        )
+    assert code == 0, err
+    (measured,) = json.loads(out)
+    (level,) = measured["levels"]
+    assert measured["run"] is None and measured["server"]["version"] == "quantkit-test-instant"
+    assert (level["request_rate"], level["concurrency"], level["completed"], level["failed"]) == (
+        40.0,
+        None,
+        12,
+        0,
+    )
+    gaps = __import__("numpy").random.default_rng(0).exponential(1 / 40, size=12)
+    last_arrival = float(gaps[1:].sum())
+    assert last_arrival > 0.1 and level["duration_s"] >= last_arrival
+    assert level["output_tokens"] == 12 * 4  # the server's chunks, one token each
