@@ -105,6 +105,10 @@ def table(report: dict[str, object]) -> str:
         shown = "—" if seconds is None else f"{seconds:.1f}"
         lines.append(f"| {name} | {part['status']} | {shown} | {gpu_parts.summary(name, part)} |")
     lines += ["", f"total {report['elapsed_s']:.1f} s of a {report['budget_s']:.0f} s budget", ""]
+    machine = report["machine"]
+    conflicts = machine.get("requirement_conflicts") if isinstance(machine, dict) else None
+    if conflicts:
+        lines += [f"requirement conflicts (carried wheels vs this machine): {'; '.join(conflicts)}", ""]
     return "\n".join(lines)
 
 

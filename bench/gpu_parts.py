@@ -267,11 +267,40 @@ def machine(device: str) -> Record:
         "torch": torch.__version__,
         "cuda": torch.version.cuda,
         "libraries": dict(library_versions()),
+        "requirement_conflicts": requirement_conflicts(),
     }
     if device == "cuda":
         props = torch.cuda.get_device_properties(0)
         info["gpu"] = {"name": props.name, "memory_bytes": int(props.total_memory)}
     return info
+
+
+def requirement_conflicts() -> list[str]:
+    """Requirements of the carried packages that the machine's own versions do not meet
+    (installed with --no-deps, so pip never checked them; e.g. an older typing-extensions)."""
+    from importlib import metadata
+
+    from gpu_wheels import CARRIED
+    from packaging.requirements import Requirement
+
+    conflicts = []
+    for name in CARRIED:
+        try:
+            requires = metadata.distribution(name).requires or []
+        except metadata.PackageNotFoundError:
+            conflicts.append(f"{name} is not installed")
+            continue
+        for text in requires:
+            requirement = Requirement(text)
+            if requirement.marker is not None and not requirement.marker.evaluate({"extra": ""}):
+                continue
+            try:
+                version = metadata.version(requirement.name)
+            except metadata.PackageNotFoundError:
+                continue  # a package the check never imports (auto-round)
+            if not requirement.specifier.contains(version, prereleases=True):
+                conflicts.append(f"{name} requires {requirement}, found {version}")
+    return conflicts
 
 
 def machine_summary(device: str) -> str:

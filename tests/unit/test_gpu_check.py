@@ -231,6 +231,7 @@ def test_the_dry_run_writes_every_section_with_plausible_figures(dry_run: tuple[
     assert 0 < report["elapsed_s"] < report["budget_s"] == 120
     assert "random weights" in report["note"]
     assert report["machine"]["libraries"]["llmcompressor"] == metadata.version("llmcompressor")
+    assert report["machine"]["requirement_conflicts"] == []
     p = report["parts"]
 
     tests = p["gpu_tests"]  # pytest ran them; without CUDA they skip themselves
