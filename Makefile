@@ -6,7 +6,7 @@ TORCH_INDEX ?=
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.quantkit-installed
 
-.PHONY: demo test lint typecheck pytest bench fidelity gemma browser clean
+.PHONY: demo test lint typecheck pytest bench fidelity gemma browser clean gpu-check gpu-wheels
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -64,3 +64,20 @@ gemma: $(STAMP)
 fidelity: $(STAMP)
 	command -v cmake >/dev/null || $(BIN)/pip install --quiet cmake
 	$(BIN)/python bench/fidelity.py
+
+# The GPU check of issue #16 (docs/guide.md, "Checking on a GPU"), for a CUDA machine with its own
+# Python, torch, transformers and accelerate and no network: the wheels it lacks come from .whl/
+# (make gpu-wheels, here; git-ignored, carried with the tree), installed into GPU_SITE. Without
+# CUDA it says why and exits 2 before installing anything. Figures: gpu_check.json/.md in GPU_OUT.
+GPU_SITE ?= /tmp/site
+GPU_OUT ?= $(if $(OUT),$(OUT),.gpu-check)
+
+gpu-check:
+	$(PYTHON) bench/gpu_check.py --preflight
+	$(PYTHON) -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target $(GPU_SITE) .whl/*.whl
+	PYTHONPATH=$(GPU_SITE):$(CURDIR) $(PYTHON) bench/gpu_check.py --out $(GPU_OUT)
+
+# Wheels the GPU machine lacks (bench/gpu_wheels.py: pinned by constraints.txt, CPython 3.12
+# manylinux x86_64, checked to total under 64 MiB) into .whl/.
+gpu-wheels:
+	$(PYTHON) bench/gpu_wheels.py

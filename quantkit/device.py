@@ -1,13 +1,14 @@
 """Device selection (``auto`` picks CUDA when present) and the baseline precision per device.
 
 The baseline is computed in float32 on the CPU (exact, and fast there) and in bfloat16 on
-CUDA; this module is the one place that rule lives.
+CUDA unless the recipe's ``baseline.dtype`` names another; this module is the one place that
+rule lives.
 """
 
 from __future__ import annotations
 
 from enum import Enum
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Literal, cast
 
 from quantkit.errors import UserInputError
 
@@ -39,9 +40,17 @@ def resolve_device(requested: str) -> str:
     return requested
 
 
-def baseline_dtype(device: str) -> BaselineDtype:
-    """The precision the unquantized baseline is loaded and scored in on ``device``."""
-    return "float32" if device == "cpu" else "bfloat16"
+def baseline_dtype(device: str, requested: str = "auto") -> BaselineDtype:
+    """The precision the unquantized baseline is loaded and scored in on ``device``:
+    ``requested`` (the recipe's ``baseline.dtype``), or for ``auto`` float32 on the CPU and
+    bfloat16 on CUDA."""
+    if requested == "auto":
+        return "float32" if device == "cpu" else "bfloat16"
+    if requested not in _BITS:
+        raise UserInputError(
+            f"unknown baseline dtype '{requested}'", "use auto, float32, bfloat16 or float16"
+        )
+    return cast("BaselineDtype", requested)
 
 
 def dtype_bits(dtype: BaselineDtype) -> int:
@@ -60,5 +69,6 @@ def torch_dtype(dtype: BaselineDtype) -> torch.dtype:
 
 
 def compute_dtype(device: str) -> torch.dtype:
-    """The torch dtype models are loaded in on ``device`` (the baseline's)."""
+    """The torch dtype models are loaded in for quantization on ``device`` (the ``auto``
+    baseline precision; the recipe's ``baseline.dtype`` governs measurement only)."""
     return torch_dtype(baseline_dtype(device))

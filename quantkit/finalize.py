@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from quantkit import __version__
-from quantkit.device import baseline_dtype, dtype_bits
+from quantkit.device import dtype_bits
 from quantkit.manifest import (
     MANIFEST_SCHEMA,
     BaselineInfo,
@@ -151,7 +151,7 @@ def build_manifest(ctx: RunContext, header: RunHeader) -> Manifest:
     served = results.get("serve_eval", ServeEvalResult)
     lm_entries = results.lm_eval()
     baseline, quantized = _metrics(ctx)
-    dtype = baseline_dtype(ctx.device)
+    dtype = ctx.dtype  # resolved: what the reference was computed in
     calibration = header.calibration
     return Manifest(
         schema_version=MANIFEST_SCHEMA,

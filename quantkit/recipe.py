@@ -14,7 +14,15 @@ from quantkit.backends import get_backend
 from quantkit.errors import RecipeError
 from quantkit.paths import recipes_dir
 from quantkit.registry import did_you_mean
-from quantkit.specs import BenchSpec, CalibrationSpec, EvalEntry, EvalSpec, GateSpec, StrictModel
+from quantkit.specs import (
+    BaselineSpec,
+    BenchSpec,
+    CalibrationSpec,
+    EvalEntry,
+    EvalSpec,
+    GateSpec,
+    StrictModel,
+)
 
 if TYPE_CHECKING:
     from quantkit.backends.base import Backend, BackendOptions
@@ -35,6 +43,7 @@ class Recipe(StrictModel):
     seed: int = 0
     calibration: CalibrationSpec | None = Field(default_factory=CalibrationSpec)
     eval: EvalSpec = Field(default_factory=EvalSpec)
+    baseline: BaselineSpec = Field(default_factory=BaselineSpec)
     gates: GateSpec = Field(default_factory=GateSpec)
     bench: BenchSpec = Field(default_factory=BenchSpec)
     evals: list[EvalEntry] = Field(default_factory=list, description="extra evaluations (lm-eval tasks)")

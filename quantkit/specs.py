@@ -64,6 +64,16 @@ class EvalSpec(TextSource):
     )
 
 
+class BaselineSpec(StrictModel):
+    """The unquantized baseline's precision: ``auto`` is float32 on the CPU and bfloat16 on
+    CUDA (``quantkit.device``). The reference, the baseline bench and every artifact scored in
+    transformers are computed in it; quantization itself loads the model in the ``auto`` one."""
+
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
+        "auto", description="auto (float32 on CPU, bfloat16 on CUDA) | float32 | bfloat16 | float16"
+    )
+
+
 class GateSpec(StrictModel):
     """Thresholds a run must meet (``max_*``/``min_*``; a missing metric fails its check) plus
     the significance options. Relative to the baseline: ``max_ppl_increase_pct``,

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from pydantic import Field
 
 from quantkit.backends.base import Artifact, QuantizeJob
 from quantkit.backends.int_weights import IntWeightBackend, IntWeightOptions
+
+if TYPE_CHECKING:
+    from llmcompressor.modifiers.gptq import GPTQModifier
 
 
 class GPTQOptions(IntWeightOptions):
@@ -33,15 +36,18 @@ class GPTQBackend(IntWeightBackend[GPTQOptions]):
     def requires_calibration(self) -> bool:
         return True
 
-    def quantize(self, job: QuantizeJob) -> Artifact:
+    def modifier(self) -> GPTQModifier:
+        """llm-compressor's GPTQModifier for these options."""
         from llmcompressor.modifiers.gptq import GPTQModifier
 
         options = self.options
         actorder = options.actorder if options.group_size else None
-        modifier = GPTQModifier(
+        return GPTQModifier(
             config_groups=options.config_groups(actorder=actorder),
             ignore=options.ignore,
             dampening_frac=options.dampening_frac,
             block_size=options.block_size,
         )
-        return self._run(job, modifier, calibrated=True)
+
+    def quantize(self, job: QuantizeJob) -> Artifact:
+        return self._run(job, self.modifier(), calibrated=True)

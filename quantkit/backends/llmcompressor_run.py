@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     from datasets import Dataset
     from llmcompressor.modifiers import Modifier
     from pydantic import JsonValue
+    from transformers import PreTrainedModel
 
     from quantkit.backends.base import QuantizeJob
     from quantkit.calibration import TokenWindows
@@ -174,19 +175,23 @@ def keep_source_dtype(model: torch.nn.Module, dtype: torch.dtype) -> None:
         config.dtype = dtype
 
 
-def run_oneshot(
-    job: QuantizeJob, recipe: OneshotRecipe, calibration: TokenWindows | None
-) -> dict[str, JsonValue]:
-    """Run llm-compressor's ``oneshot`` with ``recipe`` (modifier or list) into ``job.out_dir``."""
+def _import_llmcompressor() -> str:
+    """llm-compressor's version, or the install hint when it is missing."""
     try:
         import llmcompressor
-        from llmcompressor import oneshot
     except ImportError as err:  # pragma: no cover - depends on the environment
         raise MissingDependencyError(
             f"llm-compressor is not installed ({err.name})",
             "pip install 'quantkit[gptq]' (the gptq, awq and fp8 extras all install llm-compressor)",
         ) from None
-    import torch
+    return str(llmcompressor.__version__)
+
+
+def run_oneshot(
+    job: QuantizeJob, recipe: OneshotRecipe, calibration: TokenWindows | None
+) -> dict[str, JsonValue]:
+    """Run llm-compressor's ``oneshot`` with ``recipe`` (modifier or list) into ``job.out_dir``."""
+    version = _import_llmcompressor()
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from quantkit.device import compute_dtype
@@ -200,6 +205,33 @@ def run_oneshot(
     if job.device != "cpu":
         model.to(job.device)
     tokenizer = AutoTokenizer.from_pretrained(job.model_path, trust_remote_code=job.trust_remote_code)
+    names, errors = oneshot_in_place(job, model, recipe, calibration)
+    job.log("saving the compressed-tensors checkpoint")
+    keep_source_dtype(model, source_dtype(job.model_path))
+    model.save_pretrained(job.out_dir, save_compressed=True)
+    failpoint("save.weights")  # weights written, tokenizer not yet: a crash mid-save
+    tokenizer.save_pretrained(job.out_dir)
+    modifiers: list[JsonValue] = list(names)
+    return {
+        "library": "llmcompressor",
+        "library_version": version,
+        "modifiers": modifiers,
+        "layer_errors": errors,
+    }
+
+
+def oneshot_in_place(
+    job: QuantizeJob, model: PreTrainedModel, recipe: OneshotRecipe, calibration: TokenWindows | None
+) -> tuple[list[str], list[JsonValue]]:
+    """llm-compressor's ``oneshot`` on a loaded ``model`` (on ``job.device``), in place, seeded
+    with ``job.seed``, reporting each decoder layer to ``job.on_layer``; returns the modifiers'
+    names and the per-module errors. Nothing is saved. llm-compressor reads the config and the
+    tokenizer from ``model.config.name_or_path``: a model built from a config needs a folder
+    holding both there."""
+    _import_llmcompressor()
+    import torch
+    from llmcompressor import oneshot
+
     kwargs: dict[str, Any] = {}
     if calibration is not None:
         kwargs = {
@@ -219,15 +251,4 @@ def run_oneshot(
                 f"llm-compressor failed: {str(err).splitlines()[0]}",
                 "rerun with QUANTKIT_DEBUG=1 for the traceback",
             ) from err
-    job.log("saving the compressed-tensors checkpoint")
-    keep_source_dtype(model, source_dtype(job.model_path))
-    model.save_pretrained(job.out_dir, save_compressed=True)
-    failpoint("save.weights")  # weights written, tokenizer not yet: a crash mid-save
-    tokenizer.save_pretrained(job.out_dir)
-    modifiers: list[JsonValue] = list(names)
-    return {
-        "library": "llmcompressor",
-        "library_version": llmcompressor.__version__,
-        "modifiers": modifiers,
-        "layer_errors": errors,
-    }
+    return names, errors

@@ -3,7 +3,7 @@
 Each runtime says how lm-eval runs it (``Runtime.lm_eval_model``): transformers through
 lm-eval's own ``hf`` model, every other runtime through ``RuntimeLM`` over the runtime's
 scoring. Baseline results are cached per (model fingerprint, task data, settings, lm-eval
-version, device).
+version, device, baseline precision).
 """
 
 from __future__ import annotations
@@ -157,6 +157,7 @@ def baseline(
             data_digest(),
             metadata.version("lm_eval"),
             settings.device,
+            settings.compute_dtype,  # a bfloat16 baseline's results are not a float32 one's
             f"window-rules={WINDOW_RULES}",  # the BOS rule: results from before it are not reused
         ]
     )

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, JsonValue
 
+from quantkit.device import BaselineDtype
 from quantkit.errors import BackendError
 from quantkit.manifest import BenchSection, BenchSide
 from quantkit.specs import BenchSpec
@@ -47,14 +48,17 @@ class WorkerSettings(BaseModel):
     repeats: int
     batch_size: int
     threads: int | None
+    dtype: BaselineDtype | None = None  # transformers' precision (None: the device's baseline one)
 
 
 @dataclass(frozen=True)
 class BenchTarget:
-    """A model to measure: where it is and in which runtime."""
+    """A model to measure: where it is, in which runtime, and in which precision transformers
+    computes it (the run's baseline precision; other runtimes ignore it)."""
 
     path: Path
     runtime: str
+    dtype: BaselineDtype | None = None
 
 
 def _worker(settings: WorkerSettings) -> BenchSide:
@@ -67,9 +71,10 @@ def _worker(settings: WorkerSettings) -> BenchSide:
     return BenchSide.model_validate_json(lines[-1])
 
 
-def _settings(spec: BenchSpec, device: str) -> dict[str, JsonValue]:
+def _settings(spec: BenchSpec, device: str, dtype: BaselineDtype | None) -> dict[str, JsonValue]:
     return {
         "device": device,
+        "dtype": dtype,
         "prompt_lengths": list(spec.prompt_lengths),
         "decode_tokens": spec.decode_tokens,
         "repeats": spec.repeats,
@@ -89,6 +94,7 @@ def worker_settings(target: BenchTarget, device: str, spec: BenchSpec) -> Worker
         repeats=spec.repeats,
         batch_size=spec.batch_size,
         threads=spec.threads,
+        dtype=target.dtype,
     )
 
 
@@ -153,7 +159,7 @@ def measure(
     quant = _worker(worker_settings(artifact, device, spec))
     same_runtime = None if runtime_baseline is None else unquantized(runtime_baseline, "runtime_baseline")
     return BenchSection(
-        settings=_settings(spec, device),
+        settings=_settings(spec, device, baseline.dtype),
         baseline=base,
         artifact=quant,
         runtime_baseline=same_runtime,

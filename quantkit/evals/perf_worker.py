@@ -71,6 +71,7 @@ def measure(settings: WorkerSettings) -> BenchSide:
             context_length=max(lengths) + new_tokens + 8,
             threads=settings.threads,
             scoring=False,
+            dtype=settings.dtype,
         ),
     )
     load_s = time.perf_counter() - start

@@ -18,6 +18,7 @@ from quantkit.paths import cache_dir
 if TYPE_CHECKING:
     import numpy as np
 
+    from quantkit.device import BaselineDtype
     from quantkit.runtimes.base import Runtime
     from quantkit.tokens import TokenWindows
 
@@ -72,11 +73,18 @@ class ReferenceShape:
 
 
 def reference_key(
-    model_fingerprint: str, windows: TokenWindows, top_k: int, device: str, tail_samples: int = 0
+    model_fingerprint: str,
+    windows: TokenWindows,
+    top_k: int,
+    device: str,
+    tail_samples: int = 0,
+    *,
+    dtype: BaselineDtype,
 ) -> str:
-    """Cache key: model, exact token ids, k, tail samples, compute device and the format."""
+    """Cache key: model, exact token ids, k, tail samples, compute device and precision, and
+    the format (a reference computed in bfloat16 is never reused for a float32 baseline)."""
     parts = [model_fingerprint, windows.hash, str(top_k), device, str(REFERENCE_VERSION)]
-    parts += [f"tail={tail_samples}"]
+    parts += [f"tail={tail_samples}", f"dtype={dtype}"]
     return hashlib.sha256("|".join(parts).encode()).hexdigest()[:32]
 
 

@@ -25,19 +25,28 @@ if TYPE_CHECKING:
     import torch
     from typing_extensions import Self
 
+    from quantkit.device import BaselineDtype
     from quantkit.jsontypes import JsonDict
 
 
 @dataclass(frozen=True)
 class RuntimeSettings:
-    """How to load a model: device, context, threads, and whether it is for scoring (all
-    positions' logits kept) or for generation only (benchmarks)."""
+    """How to load a model: device, precision, context, threads, and whether it is for scoring
+    (all positions' logits kept) or for generation only (benchmarks)."""
 
     device: str
     context_length: int = 2048
     threads: int | None = None
     trust_remote_code: bool = False
     scoring: bool = True
+    dtype: BaselineDtype | None = None  # transformers' compute precision (None: the device's baseline one)
+
+    @property
+    def compute_dtype(self) -> BaselineDtype:
+        """``dtype``, or the baseline precision of ``device`` when unset."""
+        from quantkit.device import baseline_dtype
+
+        return self.dtype or baseline_dtype(self.device)
 
 
 @dataclass(frozen=True)

@@ -29,7 +29,7 @@ _LOGIT_ELEMENTS = 1 << 28  # float32 logits one forward pass may make (1 GiB)
 
 
 class HFRuntime(Runtime):
-    """A causal LM loaded with transformers in the baseline's precision for the device."""
+    """A causal LM loaded with transformers in the run's baseline precision (``settings.dtype``)."""
 
     name: ClassVar[str] = "transformers"
     scores_any_token: ClassVar[bool] = True
@@ -46,10 +46,10 @@ class HFRuntime(Runtime):
     def load(cls, path: Path, settings: RuntimeSettings) -> Self:
         from transformers import AutoModelForCausalLM
 
-        from quantkit.device import compute_dtype
+        from quantkit.device import torch_dtype
 
         model: PreTrainedModel = AutoModelForCausalLM.from_pretrained(
-            path, dtype=compute_dtype(settings.device), trust_remote_code=settings.trust_remote_code
+            path, dtype=torch_dtype(settings.compute_dtype), trust_remote_code=settings.trust_remote_code
         )
         model = model.to(settings.device)  # type: ignore[arg-type]  # transformers' stub wraps .to
         model.eval()
@@ -153,13 +153,12 @@ class HFRuntime(Runtime):
         the BOS rule explicitly (``add_bos_token``) rather than left to lm-eval's default."""
         from transformers import AutoTokenizer
 
-        from quantkit.device import baseline_dtype
         from quantkit.special_tokens import tokenizer_bos
 
         tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=settings.trust_remote_code)
         args: JsonDict = {
             "pretrained": str(path),
-            "dtype": baseline_dtype(settings.device),
+            "dtype": settings.compute_dtype,
             "device": settings.device,
             "trust_remote_code": settings.trust_remote_code,
             "add_bos_token": tokenizer_bos(tokenizer) is not None,

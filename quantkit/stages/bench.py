@@ -32,19 +32,21 @@ class BenchStage(Stage[BenchResult]):
         return BenchResult.model_validate(data)
 
     def run(self, ctx: RunContext) -> StageOutput[BenchResult]:
+        from quantkit.device import baseline_dtype
         from quantkit.errors import BackendError
         from quantkit.evals import perf
         from quantkit.manifest import BenchFailure
 
         artifact = ctx.results.require("quantize", QuantizeResult).artifact
+        dtype = baseline_dtype(self.device, ctx.recipe.baseline.dtype)  # on the bench's device
         start = time.perf_counter()
         with ctx.reporter.stage("benchmarking speed and memory (baseline, artifact)"):
             same_runtime = ctx.backend.runtime_baseline(ctx.source.path, ctx.reporter.log)
             try:
                 section = perf.measure(
-                    perf.BenchTarget(ctx.source.path, "hf"),
-                    perf.BenchTarget(ctx.run.artifact_dir, artifact.runtime),
-                    None if same_runtime is None else perf.BenchTarget(same_runtime, artifact.runtime),
+                    perf.BenchTarget(ctx.source.path, "hf", dtype),
+                    perf.BenchTarget(ctx.run.artifact_dir, artifact.runtime, dtype),
+                    None if same_runtime is None else perf.BenchTarget(same_runtime, artifact.runtime, dtype),
                     self.device,
                     self.spec,
                     _shared_sides(ctx),

@@ -13,6 +13,7 @@ if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
     from quantkit.backends.base import Backend, BackendOptions
+    from quantkit.device import BaselineDtype
     from quantkit.journal import Journal
     from quantkit.models import ModelSource
     from quantkit.progress import Reporter
@@ -115,3 +116,10 @@ class RunContext:
     results: RunResults
     settings: RunSettings = field(default_factory=RunSettings)
     timings: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def dtype(self) -> BaselineDtype:
+        """The baseline's precision on this run's device (the recipe's ``baseline.dtype``)."""
+        from quantkit.device import baseline_dtype
+
+        return baseline_dtype(self.device, self.recipe.baseline.dtype)

@@ -48,6 +48,7 @@ class EvaluateStage(Stage[EvaluateResult]):
                 device=ctx.device,
                 context_length=windows.seq_len,
                 trust_remote_code=ctx.settings.trust_remote_code,
+                dtype=ctx.dtype,  # the baseline's precision: the delta is the quantization's alone
             )
             runtime = open_runtime(kind, ctx.run.artifact_dir, settings)
             try:

@@ -48,7 +48,9 @@ class LmEvalStage(Stage[LmEvalResult]):
         for task in spec.tasks:  # a half-written log of an interrupted attempt
             (logs / f"{task}.jsonl").unlink(missing_ok=True)
         artifact = ctx.results.require("quantize", QuantizeResult).artifact
-        settings = RuntimeSettings(device=ctx.device, trust_remote_code=ctx.settings.trust_remote_code)
+        settings = RuntimeSettings(
+            device=ctx.device, trust_remote_code=ctx.settings.trust_remote_code, dtype=ctx.dtype
+        )
         start = time.perf_counter()
         names = ", ".join(spec.tasks)
         runner.check_tasks(spec.tasks)

@@ -12,6 +12,7 @@ from quantkit.stages.results import ReferenceResult, StageResult
 if TYPE_CHECKING:
     from pydantic import JsonValue
 
+    from quantkit.device import BaselineDtype
     from quantkit.evals.reference import Reference
     from quantkit.models import ModelSource
     from quantkit.progress import Reporter
@@ -21,7 +22,8 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class BaselineInputs:
-    """What the baseline reference depends on: the eval settings, the model, the device."""
+    """What the baseline reference depends on: the eval settings, the model, the device and
+    the baseline's precision there."""
 
     recipe: Recipe
     source: ModelSource
@@ -33,12 +35,20 @@ class BaselineInputs:
     def of(cls, ctx: RunContext) -> BaselineInputs:
         return cls(ctx.recipe, ctx.source, ctx.device, ctx.tokens, ctx.settings.trust_remote_code)
 
+    @property
+    def dtype(self) -> BaselineDtype:
+        from quantkit.device import baseline_dtype
+
+        return baseline_dtype(self.device, self.recipe.baseline.dtype)
+
     def reference_key(self) -> str:
         from quantkit.evals import reference as ref
 
         windows, spec = self.tokens.eval_windows(), self.recipe.eval
         fingerprint = self.source.fingerprint()
-        return ref.reference_key(fingerprint, windows, spec.top_k, self.device, spec.tail_samples)
+        return ref.reference_key(
+            fingerprint, windows, spec.top_k, self.device, spec.tail_samples, dtype=self.dtype
+        )
 
 
 def reference_key(ctx: RunContext) -> str:
@@ -58,7 +68,7 @@ def load_reference(ctx: RunContext) -> Reference:
 
 
 def ensure_reference(inputs: BaselineInputs, reporter: Reporter) -> tuple[Reference, float | None]:
-    """The cached reference of a model, eval windows and device, computed now when absent;
+    """The cached reference of a model, eval windows, device and precision, computed now when absent;
     with the seconds it took (None: it was cached)."""
     from quantkit.evals import reference as ref
     from quantkit.runtimes.base import RuntimeSettings
@@ -75,6 +85,7 @@ def ensure_reference(inputs: BaselineInputs, reporter: Reporter) -> tuple[Refere
             device=inputs.device,
             context_length=windows.seq_len,
             trust_remote_code=inputs.trust_remote_code,
+            dtype=inputs.dtype,
         )
         runtime = HFRuntime.load(inputs.source.path, settings)
         spec = inputs.recipe.eval

@@ -1,4 +1,4 @@
-"""The baseline work of a sweep, done once per (model, device, eval windows) before fan-out:
+"""The baseline work of a sweep, done once per (model, device, precision, eval windows) before fan-out:
 the reference (top-k log-probs), the lm-eval baseline and the baseline bench. Every run then
 finds them: the reference and lm-eval results in the cache (a copy of the reference in the
 sweep folder for workers with a cache of their own), the bench sides in the sweep folder."""
@@ -98,6 +98,7 @@ def _baseline(
         model=first.planned.model or first.planned.recipe.model,
         model_path=str(first.source.path),
         device=inputs.device,
+        dtype=inputs.dtype,
         runs=[run.planned.run_id for run in members],
         reference_computed=seconds is not None,
         reference_s=seconds,
@@ -130,7 +131,7 @@ def _bench(members: list[PreparedRun], folder: Path, reporter: Reporter, record:
     for run in members:
         if not run.bench:
             continue
-        target = perf.BenchTarget(run.source.path, "hf")
+        target = perf.BenchTarget(run.source.path, "hf", run.inputs.dtype)
         settings = perf.worker_settings(target, run.inputs.device, run.planned.recipe.bench)
         key = settings.model_dump_json()
         if key in seen:
@@ -162,7 +163,9 @@ def _lm_eval(members: list[PreparedRun], reporter: Reporter) -> int:
 
             runner.check_tasks(entry.lm_eval.tasks)
             settings = RuntimeSettings(
-                device=run.inputs.device, trust_remote_code=run.inputs.trust_remote_code
+                device=run.inputs.device,
+                trust_remote_code=run.inputs.trust_remote_code,
+                dtype=run.inputs.dtype,
             )
             with reporter.stage(f"lm-eval {', '.join(entry.lm_eval.tasks)}: baseline (once for the sweep)"):
                 _, cached = runner.baseline(

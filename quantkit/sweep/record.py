@@ -18,12 +18,13 @@ class Record(BaseModel):
 
 
 class BaselineRecord(Record):
-    """One baseline (model, device, eval windows): computed once, shared by its runs."""
+    """One baseline (model, device, precision, eval windows): computed once, shared by its runs."""
 
     reference_key: str
     model: str | None
     model_path: str
     device: str
+    dtype: str | None = None  # the baseline's precision (None: written before it was recorded)
     runs: list[str]
     reference_computed: bool  # False: it was already in the cache
     reference_s: float | None = None

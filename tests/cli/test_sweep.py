@@ -59,6 +59,7 @@ def test_three_recipes_share_one_baseline_computed_once(swept: Path) -> None:
     (baseline,) = manifest["baselines"]
     assert baseline["runs"] == RECIPES
     assert baseline["reference_computed"] is True and baseline["bench_sides_measured"] == 1
+    assert baseline["dtype"] == "float32"  # the baseline's precision (auto, on the CPU)
     shared_bench = list((swept / "baseline").glob("bench-*.json"))
     assert len(shared_bench) == 1
     measured_once = json.loads(shared_bench[0].read_text())

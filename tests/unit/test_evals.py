@@ -115,7 +115,7 @@ def _topk_only(inner: HFRuntime):
 
 def test_reference_cache_roundtrip(setup) -> None:
     runtime, windows = setup
-    key = ref.reference_key("fingerprint", windows, 8, "cpu")
+    key = ref.reference_key("fingerprint", windows, 8, "cpu", dtype="float32")
     assert ref.load_cached(key) is None
     reference = ref.compute(runtime, windows, ref.ReferenceShape(8, 2), key=key)
     ref.save(reference)
@@ -123,7 +123,9 @@ def test_reference_cache_roundtrip(setup) -> None:
     assert cached is not None
     assert np.array_equal(cached.topk_ids, reference.topk_ids)
     assert np.allclose(cached.rest_logmass, reference.rest_logmass)
-    assert ref.reference_key("fingerprint", windows, 16, "cpu") != key
+    assert ref.reference_key("fingerprint", windows, 16, "cpu", dtype="float32") != key
+    # a reference computed in another precision is another reference
+    assert ref.reference_key("fingerprint", windows, 8, "cpu", dtype="bfloat16") != key
 
 
 def test_sampled_tail_kld_agrees_with_the_full_vocabulary_kld(setup) -> None:
@@ -163,8 +165,8 @@ def test_tail_samples_come_from_outside_the_top_k_in_proportion_to_p() -> None:
 
 def test_reference_cache_keeps_the_tail_sample(setup) -> None:
     runtime, windows = setup
-    key = ref.reference_key("fingerprint", windows, 8, "cpu", tail_samples=16)
-    assert key != ref.reference_key("fingerprint", windows, 8, "cpu")
+    key = ref.reference_key("fingerprint", windows, 8, "cpu", tail_samples=16, dtype="float32")
+    assert key != ref.reference_key("fingerprint", windows, 8, "cpu", dtype="float32")
     reference = ref.compute(runtime, windows, ref.ReferenceShape(8, 2, tail_samples=16), key=key)
     ref.save(reference)
     cached = ref.load_cached(key)
