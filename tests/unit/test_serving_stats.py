@@ -97,3 +97,28 @@ def test_slo_and_counts() -> None:
     for bad in ("0,4", "a", ""):
         with pytest.raises(UserInputError, match="--concurrency"):
             parse_counts(bad, "--concurrency")
+
+
+def test_headline_metrics_and_cost_come_from_the_highest_level() -> None:
+    from quantkit.serving.endpoint import ServerInfo
+    from quantkit.serving.loadgen import LoadSpec
+    from quantkit.serving.record import ServeSide, cost_per_task, side_metrics
+
+    records = _records()
+    low = summarize(records[:10], 5.0, Slo(ttft=0.5), concurrency=1)
+    high = summarize(records, 10.0, Slo(ttft=0.5), concurrency=8)
+    info = ServerInfo(url="http://127.0.0.1:1/v1", model="m", models=["m"])
+    side = ServeSide(server=info, settings=LoadSpec(), levels=[high, low], measured_at="now", prompts="eval")
+    values = side_metrics(side, price_per_hour=3.6)  # 0.001 USD per second
+    assert side.headline() is high
+    assert values["serve_ttft_p95_s"] == high.ttft.p95 and values["serve_e2e_p95_s"] == high.e2e.p95
+    assert values["serve_failed_requests"] == 3.0 + low.failed  # over every level
+    assert values["serve_goodput"] == high.goodput
+    assert values["serve_cost_per_request_usd"] == pytest.approx(0.001 / high.request_throughput)
+    assert values["serve_cost_per_mtok_usd"] == pytest.approx(0.001 / high.output_tok_s * 1e6)
+    assert "serve_cost_per_request_usd" not in side_metrics(side, None)
+    # the cost of a successful task: a request's cost over the share of the task score kept
+    assert cost_per_task({"serve_cost_per_request_usd": 0.002, "task_recovery_pct": 80.0}) == {
+        "serve_cost_per_task_usd": pytest.approx(0.0025)
+    }
+    assert cost_per_task({"serve_cost_per_request_usd": 0.002}) == {}
