@@ -15,7 +15,7 @@ from quantkit.errors import UserInputError
 
 def bench(
     runs: list[Path] = typer.Argument(
-        None, help="run folders made by quantkit quantize (optional with --endpoint)", metavar="[RUN]..."
+        None, help="run folders made by quantkit quantize (optional with --endpoint)", metavar="RUN"
     ),
     price_per_hour: float | None = typer.Option(
         None, "--price-per-hour", help="USD per device-hour, for cost"

@@ -450,8 +450,10 @@ def test_a_model_file_where_a_run_belongs_is_named(tmp_path: Path, command: str)
 
 
 def test_help_names_the_run_arguments(tmp_path: Path) -> None:
-    for command in ("bench", "report", "gate"):
+    for command in ("report", "gate"):
         usage = quantkit(command, "--help", cwd=tmp_path).stdout
         assert "{RUN}..." in usage and "{runs}" not in usage, command
+    usage = quantkit("bench", "--help", cwd=tmp_path).stdout  # runs are optional with --endpoint
+    assert "[RUN]..." in usage and "{runs}" not in usage and "[runs]" not in usage
     usage = quantkit("eval", "--help", cwd=tmp_path).stdout  # runs, or artifacts with --baseline
     assert "{RUN|ARTIFACT}..." in usage and "{targets}" not in usage

@@ -119,6 +119,8 @@ def test_bad_flags_are_refused_before_any_request(
     assert first.startswith(f"error: {message}"), first
     code, _, err = run_cli(capsys, "bench", run, "--endpoint", "ftp://example/v1")
     assert code == 2 and one_error(err)[0] == "error: 'ftp://example/v1' is not an http(s) URL"
+    code, _, err = run_cli(capsys, "bench")
+    assert code == 2 and one_error(err)[0] == "error: give RUN folders to benchmark, or --endpoint URL"
 
 
 def test_a_server_without_prompt_log_probs_is_refused_for_quality(

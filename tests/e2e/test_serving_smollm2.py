@@ -26,7 +26,7 @@ require_extra("llama_cpp", "gguf")
 
 pytestmark = pytest.mark.slow
 
-BUDGET = ["--set", "eval.num_windows=4", "--set", "eval.seq_len=128", "--device", "cpu", "--no-bench"]
+BUDGET = ["--set", "eval.num_windows=2", "--set", "eval.seq_len=128", "--device", "cpu", "--no-bench"]
 LOAD = ["--requests", "8", "--max-tokens", "8", "--prompt-lengths", "32,64", "--timeout", "60s"]
 PRICE = 3.0
 
@@ -138,7 +138,7 @@ def test_quality_through_llama_cpp_pythons_echo_is_refused_as_shifted(
     run: Path, served: Served, capsys: pytest.CaptureFixture[str]
 ) -> None:
     before = manifest(run).get("served_quality")
-    assert main(["eval", str(run), "--endpoint", served.url]) == 2
+    assert main(["eval", str(run), "--endpoint", served.url, "--top-logprobs", "5"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-2].startswith(
         f"error: the server at {served.url} cannot be scored: its prompt log-probs are "

@@ -36,7 +36,7 @@ def app_for(mode: str, gguf: str | None) -> FastAPI:
     if mode == "vllm":
         import llama_cpp
 
-        llama = llama_cpp.Llama(model_path=gguf, n_ctx=2048, logits_all=True, verbose=False, n_threads=1)
+        llama = llama_cpp.Llama(model_path=gguf, n_ctx=2048, logits_all=True, verbose=False, n_threads=2)
 
     @app.get("/v1/models")
     async def models() -> dict[str, object]:
