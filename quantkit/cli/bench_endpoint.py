@@ -190,13 +190,14 @@ def _show(
             for reason, count in level.errors.items():
                 stderr.print(f"[yellow]failed:[/yellow] {level.label}: {count} x {escape(reason)}")
     if price is not None:
+        from quantkit.serving.record import headline, level_cost
+
         for run, _side, _info, levels in rows:
-            top = max(levels, key=lambda item: (item.concurrency or 0, item.request_rate or 0.0))
-            if top.request_throughput > 0 and top.output_tok_s > 0:
-                per_request = price / 3600 / top.request_throughput
-                per_mtok = price / 3600 / top.output_tok_s * 1e6
+            top = headline(levels)
+            cost = level_cost(top, price)
+            if cost:
                 where = f" ({escape(Path(run).name)})" if run else ""
                 stderr.print(
-                    f"cost at {top.label}{where}: ${per_request:.3g} per request, "
-                    f"${per_mtok:.3g} per 1M output tokens"
+                    f"cost at {top.label}{where}: ${cost['serve_cost_per_request_usd']:.3g} per request, "
+                    f"${cost['serve_cost_per_mtok_usd']:.3g} per 1M output tokens"
                 )

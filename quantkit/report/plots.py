@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from html import escape
 
@@ -133,11 +133,11 @@ class PlotSpec:
     y_log: bool | None = None
 
 
-def scatter_svg(points: Sequence[Point], spec: PlotSpec) -> str:
-    """An SVG scatter plot with tick labels, axis titles, labelled points and the Pareto front."""
-    title, x_label, y_label = spec.title, spec.x_label, spec.y_label
-    xs, ys = [p.x for p in points], [p.y for p in points]
-    x_axis, y_axis = Axis(xs, spec.x_log), Axis(ys, spec.y_log)
+def _frame(
+    title: str, x_axis: Axis, y_axis: Axis, x_label: str, y_label: str
+) -> tuple[list[str], Callable[[float], float], Callable[[float], float]]:
+    """An open SVG with its title, plot area, ticks, axis breaks and axis titles, and the
+    functions mapping data values to x and y."""
 
     def sx(v: float) -> float:
         return LEFT + x_axis.frac(v) * PLOT_W
@@ -180,6 +180,14 @@ def scatter_svg(points: Sequence[Point], spec: PlotSpec) -> str:
             18, y_mid, y_label, text_anchor="middle", font_weight="600", transform=f"rotate(-90 18 {y_mid})"
         )
     )
+    return parts, sx, sy
+
+
+def scatter_svg(points: Sequence[Point], spec: PlotSpec) -> str:
+    """An SVG scatter plot with tick labels, axis titles, labelled points and the Pareto front."""
+    xs, ys = [p.x for p in points], [p.y for p in points]
+    x_axis, y_axis = Axis(xs, spec.x_log), Axis(ys, spec.y_log)
+    parts, sx, sy = _frame(spec.title, x_axis, y_axis, spec.x_label, spec.y_label)
 
     front = pareto_front([(p.x, p.y) for p in points], maximize_y=spec.maximize_y)
     if len(front) > 1:
@@ -299,50 +307,12 @@ def latency_vs_throughput(series: Sequence[Series]) -> str:
     xs = [x for s in series for _, x, _ in s.levels]
     ys = [y for s in series for _, _, y in s.levels]
     x_axis, y_axis = Axis(xs or [0.0, 1.0], False), Axis(ys or [0.0, 1.0], False)
-    title = "Latency vs throughput, served"
-
-    def sx(v: float) -> float:
-        return LEFT + x_axis.frac(v) * PLOT_W
-
-    def sy(v: float) -> float:
-        return TOP + (1 - y_axis.frac(v)) * PLOT_H
-
-    parts = [
-        f'<svg xmlns="http://www.w3.org/2000/svg" class="plot" width="{WIDTH}" height="{HEIGHT}" '
-        f'viewBox="0 0 {WIDTH} {HEIGHT}" role="img" aria-label="{escape(title)}" '
-        'font-family="system-ui, -apple-system, Segoe UI, Helvetica, Arial, sans-serif" font-size="12">',
-        f"<title>{escape(title)}</title>",
-        f'<rect x="0" y="0" width="{WIDTH}" height="{HEIGHT}" fill="#ffffff"/>',
-        _text(WIDTH / 2, 24, title, text_anchor="middle", font_size="15", font_weight="600"),
-        f'<rect x="{LEFT}" y="{TOP}" width="{PLOT_W}" height="{PLOT_H}" fill="#f8f9fa" stroke="#adb5bd"/>',
-    ]
-    for value, text in x_axis.tick_marks():
-        x = sx(value)
-        parts.append(f'<line x1="{x:.1f}" y1="{TOP}" x2="{x:.1f}" y2="{TOP + PLOT_H}" stroke="#e9ecef"/>')
-        parts.append(_text(x, TOP + PLOT_H + 17, text, text_anchor="middle", fill="#343a40"))
-    for value, text in y_axis.tick_marks():
-        y = sy(value)
-        parts.append(f'<line x1="{LEFT}" y1="{y:.1f}" x2="{LEFT + PLOT_W}" y2="{y:.1f}" stroke="#e9ecef"/>')
-        parts.append(_text(LEFT - 7, y + 4, text, text_anchor="end", fill="#343a40"))
-    parts.append(
-        _text(
-            LEFT + PLOT_W / 2,
-            TOP + PLOT_H + 38,
-            "output tokens/s (higher is better)",
-            text_anchor="middle",
-            font_weight="600",
-        )
-    )
-    y_mid = TOP + PLOT_H / 2
-    parts.append(
-        _text(
-            18,
-            y_mid,
-            "p95 end-to-end latency, s (lower is better)",
-            text_anchor="middle",
-            font_weight="600",
-            transform=f"rotate(-90 18 {y_mid})",
-        )
+    parts, sx, sy = _frame(
+        "Latency vs throughput, served",
+        x_axis,
+        y_axis,
+        "output tokens/s (higher is better)",
+        "p95 end-to-end latency, s (lower is better)",
     )
     for index, item in enumerate(series):
         colour = BASE_COLOUR if item.baseline else SERIES_COLOURS[index % len(SERIES_COLOURS)]

@@ -15,7 +15,8 @@ from pydantic import BaseModel, ConfigDict
 from quantkit.errors import MissingDependencyError, UserInputError
 
 if TYPE_CHECKING:
-    from openai import AsyncOpenAI
+    import httpx
+    from openai import AsyncOpenAI, Timeout
 
 SERVE_HINT = (
     "start one (quantkit serve RUN for a GGUF; vllm serve RUN/artifact for HF formats) and give its "
@@ -48,20 +49,33 @@ class Endpoint(BaseModel):
     def client(self) -> AsyncOpenAI:
         """An async client with quantkit's timeouts and no retries (a retry would hide a
         failed request)."""
-        try:
-            from openai import AsyncOpenAI, Timeout
-        except ImportError:
-            raise MissingDependencyError(
-                "measuring an endpoint needs the openai client", "pip install 'quantkit[serve]'"
-            ) from None
+        timeout = self.timeout()  # checks that openai is installed
+        from openai import AsyncOpenAI
 
-        timeout = Timeout(self.timeout_s, connect=min(self.timeout_s, 10.0))
         return AsyncOpenAI(base_url=self.url, api_key=self.api_key, timeout=timeout, max_retries=0)
+
+    def timeout(self) -> Timeout:
+        """The openai clients' timeout: ``timeout_s`` for data, at most 10 s to connect (and the
+        check that the openai client is installed)."""
+        require_openai()
+        from openai import Timeout
+
+        return Timeout(self.timeout_s, connect=min(self.timeout_s, 10.0))
 
     def root(self) -> str:
         """The server's root URL (the base URL without its trailing /v1)."""
         url = self.url.rstrip("/")
         return url[: -len("/v1")] if url.endswith("/v1") else url
+
+
+def require_openai() -> None:
+    """The openai client is installed (the ``serve`` extra), or a MissingDependencyError."""
+    import importlib.util
+
+    if importlib.util.find_spec("openai") is None:
+        raise MissingDependencyError(
+            "measuring an endpoint needs the openai client", "pip install 'quantkit[serve]'"
+        )
 
 
 def check_url(url: str) -> str:
@@ -123,11 +137,10 @@ def describe(endpoint: Endpoint) -> ServerInfo:
     return ServerInfo(url=url, model=model, models=models, version=version, server=server)
 
 
-def _version(http: object, root: str) -> str | None:
+def _version(http: httpx.Client, root: str) -> str | None:
     """vLLM's ``GET /version``, else llama.cpp server's ``GET /props`` build info."""
     import httpx
 
-    assert isinstance(http, httpx.Client)
     for path, key in (("/version", "version"), ("/props", "build_info")):
         try:
             response = http.get(f"{root}{path}")

@@ -27,8 +27,23 @@ class ServeSide(BaseModel):
     prompts: str  # where the prompts came from
 
     def headline(self) -> LevelResult:
-        """The level the run's metrics come from: the highest concurrency (or the rate)."""
-        return max(self.levels, key=lambda level: (level.concurrency or 0, level.request_rate or 0.0))
+        return headline(self.levels)
+
+
+def headline(levels: list[LevelResult]) -> LevelResult:
+    """The level a run's metrics come from: the highest concurrency (or the rate)."""
+    return max(levels, key=lambda level: (level.concurrency or 0, level.request_rate or 0.0))
+
+
+def level_cost(level: LevelResult, price_per_hour: float) -> dict[str, float]:
+    """USD per request and per 1M output tokens at ``level``'s throughput ({} when none)."""
+    if level.request_throughput <= 0 or level.output_tok_s <= 0:
+        return {}
+    per_second = price_per_hour / 3600.0
+    return {
+        "serve_cost_per_request_usd": per_second / level.request_throughput,
+        "serve_cost_per_mtok_usd": per_second / level.output_tok_s * 1e6,
+    }
 
 
 class ServeSection(BaseModel):
@@ -61,10 +76,8 @@ def side_metrics(side: ServeSide, price_per_hour: float | None) -> dict[str, flo
         values["serve_ttft_p50_s"] = level.ttft.p50
     if level.goodput is not None:
         values["serve_goodput"] = level.goodput
-    if price_per_hour is not None and level.request_throughput > 0 and level.output_tok_s > 0:
-        per_second = price_per_hour / 3600.0
-        values["serve_cost_per_request_usd"] = per_second / level.request_throughput
-        values["serve_cost_per_mtok_usd"] = per_second / level.output_tok_s * 1e6
+    if price_per_hour is not None:
+        values |= level_cost(level, price_per_hour)
     return values
 
 

@@ -99,14 +99,12 @@ class EndpointScorer:
         self.protocol: Protocol | None = None
         self._client: OpenAI | None = None
         self._by_text: dict[str, int] | None = None
-        self.refusals: list[int] = []  # status codes of refused request forms while probing
 
     def client(self) -> OpenAI:
         if self._client is None:
-            from openai import OpenAI, Timeout
+            timeout = self.endpoint.timeout()  # checks that openai is installed
+            from openai import OpenAI
 
-            self.endpoint.client()  # the dependency check
-            timeout = Timeout(self.endpoint.timeout_s, connect=min(self.endpoint.timeout_s, 10.0))
             self._client = OpenAI(
                 base_url=self.endpoint.url, api_key=self.endpoint.api_key, timeout=timeout, max_retries=0
             )
@@ -165,7 +163,6 @@ class EndpointScorer:
             return None
         except openai.InternalServerError as err:
             if self.protocol is None:  # still probing: some servers answer a refused form with 500
-                self.refusals.append(err.status_code)
                 return None
             raise UserInputError(
                 f"the server at {self.info.url} answered HTTP {err.status_code} to a scoring request",

@@ -62,6 +62,11 @@ def _host_port(address: str) -> tuple[str, int] | None:
     return parsed.hostname, port or (10001 if parsed.scheme == "ray" else 6379)
 
 
+def _first_line(err: BaseException) -> str:
+    text = str(err).strip()
+    return text.splitlines()[0] if text else type(err).__name__
+
+
 def _is_auth_error(err: BaseException) -> bool:
     """Ray's refusal of a driver without the cluster's token (raised as such, or wrapped in the
     RuntimeError of a failed GCS connection)."""
@@ -163,7 +168,7 @@ class RayExecutor:
                 raise UserInputError(
                     f"the Ray cluster at {self.address} requires token authentication", AUTH_HINT
                 ) from None
-            first = str(err).splitlines()[0] if str(err) else type(err).__name__
+            first = _first_line(err)
             raise UserInputError(
                 f"cannot join the Ray cluster at {self.address}: {first}", RAY_HINT
             ) from None
@@ -195,7 +200,7 @@ class RayExecutor:
             try:
                 return BaselineOutcome.model_validate_json(ray.get(ref))
             except ray.exceptions.RayError as err:  # retries exhausted: the worker kept dying
-                first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+                first = _first_line(err)
                 return BaselineOutcome(error=f"the baseline task failed on Ray: {first}", exit_code=3)
             except BaseException:  # Ctrl-C: stop it on the cluster too
                 ray.cancel(ref, force=True)
@@ -215,7 +220,7 @@ class RayExecutor:
                 try:
                     done(RunOutcome.model_validate_json(ray.get(ready[0])))
                 except ray.exceptions.RayError as err:  # retries exhausted: the worker kept dying
-                    first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+                    first = _first_line(err)
                     done(
                         RunOutcome(
                             run_id=task.run_id,
