@@ -6,7 +6,7 @@ TORCH_INDEX ?=
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.quantkit-installed
 
-.PHONY: demo test lint typecheck pytest bench fidelity gemma browser clean gpu-check gpu-wheels
+.PHONY: demo test lint typecheck pytest bench fidelity gemma serve-batching browser clean gpu-check gpu-wheels
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -64,6 +64,15 @@ gemma: $(STAMP)
 fidelity: $(STAMP)
 	command -v cmake >/dev/null || $(BIN)/pip install --quiet cmake
 	$(BIN)/python bench/fidelity.py
+
+# llama.cpp's llama-server (built once from the bindings' sdist, ~5 min on 2 cores, and cached):
+# `quantkit serve --server llama-server --parallel 4` on SmolLM2, throughput at concurrency 4
+# against 1 (docs/serving.md).
+serve-batching: $(STAMP)
+	command -v cmake >/dev/null || $(BIN)/pip install --quiet cmake
+	$(BIN)/python -m quantkit.llama_cpp_build llama-server
+	QUANTKIT_LLAMA_SERVER=$$($(BIN)/python -m quantkit.llama_cpp_build llama-server) \
+		$(BIN)/python -m pytest -m llama_server -s tests/e2e/test_llama_server_smollm2.py
 
 # The GPU check of issue #16 (docs/guide.md, "Checking on a GPU"), for a CUDA machine with its own
 # Python, torch, transformers and accelerate and no network: the wheels it lacks come from .whl/

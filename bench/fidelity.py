@@ -16,13 +16,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import platform
 import re
-import shutil
 import subprocess
-import sys
-import tarfile
 import tempfile
 from pathlib import Path
 
@@ -63,42 +59,9 @@ def parse_final_ppl(text: str) -> float:
 
 def llama_perplexity(jobs: int = 2) -> Path:
     """The cached ``llama-perplexity`` of the installed bindings' llama.cpp, built on first use."""
-    from quantkit.llama_cpp_convert import PACKAGE, bindings_version
-    from quantkit.paths import cache_dir
+    from quantkit.llama_cpp_build import build_tool
 
-    version = bindings_version()
-    binary = cache_dir() / "llama.cpp" / f"perplexity-{version}" / "llama-perplexity"
-    if binary.is_file():
-        return binary
-    binary.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=binary.parent.parent) as tmp:
-        print(f"building llama-perplexity from the {PACKAGE} {version} sdist (a few minutes)", flush=True)
-        pip = [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--no-binary", ":all:"]
-        subprocess.run([*pip, f"{PACKAGE}=={version}", "-d", tmp], check=True)
-        archive = next(Path(tmp).glob("*.tar.gz"))
-        with tarfile.open(archive) as sdist:
-            members = [m for m in sdist.getmembers() if "/vendor/llama.cpp/" in m.name]
-            sdist.extractall(tmp, members=members, filter="data")
-        source = next(Path(tmp).glob("*/vendor/llama.cpp"))
-        build = source / "build"
-        cmake = shutil.which("cmake") or str(Path(sys.executable).parent / "cmake")
-        flags = [
-            "-DGGML_NATIVE=OFF",
-            "-DLLAMA_CURL=OFF",
-            "-DBUILD_SHARED_LIBS=OFF",
-            "-DLLAMA_BUILD_TESTS=OFF",
-        ]
-        flags += ["-DLLAMA_BUILD_EXAMPLES=OFF", "-DLLAMA_BUILD_SERVER=OFF", "-DCMAKE_BUILD_TYPE=Release"]
-        subprocess.run([cmake, "-S", str(source), "-B", str(build), *flags], check=True, capture_output=True)
-        subprocess.run(
-            [cmake, "--build", str(build), "--target", "llama-perplexity", "-j", str(jobs)],
-            check=True,
-            capture_output=True,
-        )
-        built = build / "bin" / "llama-perplexity"
-        shutil.copy2(built, binary.with_suffix(".partial"))
-        os.replace(binary.with_suffix(".partial"), binary)
-    return binary
+    return build_tool("llama-perplexity", jobs, log=lambda message: print(message, flush=True))
 
 
 def _run_perplexity(binary: Path, model: Path, args: list[str], threads: int) -> str:

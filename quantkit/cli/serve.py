@@ -1,5 +1,6 @@
-"""`quantkit serve TARGET`: llama-cpp-python's OpenAI-compatible server on a GGUF (a run's
-artifact, its baseline as an F16 GGUF, or a .gguf file); prints the URL, stops on Ctrl-C."""
+"""`quantkit serve TARGET`: an OpenAI-compatible llama.cpp server (llama-cpp-python's, or
+llama.cpp's llama-server with parallel slots) on a GGUF (a run's artifact, its baseline as an
+F16 GGUF, or a .gguf file); prints the URL, stops on Ctrl-C."""
 
 from __future__ import annotations
 
@@ -26,18 +27,29 @@ def serve(
     name: str | None = typer.Option(
         None, "--name", help="the model name clients request (default: the run's)"
     ),
+    server_kind: str = typer.Option(
+        "llama-cpp-python",
+        "--server",
+        help="llama-cpp-python (one request at a time) or llama-server (llama.cpp's, parallel slots)",
+    ),
+    parallel: int = typer.Option(
+        1, "--parallel", min=1, help="requests decoded together (llama-server's slots)"
+    ),
 ) -> None:
-    """Start llama-cpp-python's server on a GGUF, wait until it answers, print its base URL
-    (stdout) and keep it running until Ctrl-C. HF-format artifacts (FP8, GPTQ, AWQ) are served
-    by vLLM: `vllm serve RUN/artifact`, then `quantkit bench RUN --endpoint URL`."""
+    """Start a llama.cpp server on a GGUF, wait until it answers, print its base URL (stdout) and
+    keep it running until Ctrl-C. HF-format artifacts (FP8, GPTQ, AWQ) are served by vLLM:
+    `vllm serve RUN/artifact`, then `quantkit bench RUN --endpoint URL`."""
     import signal
     import time
 
-    from quantkit.serving.server import LlamaServer, check_server_installed
+    from quantkit.serving.server import SERVERS, ServeSettings
 
-    check_server_installed()
+    if server_kind not in SERVERS:
+        raise UserInputError(f"unknown server '{server_kind}'", f"choose one of: {', '.join(SERVERS)}")
+    server_class = SERVERS[server_kind]
+    server_class.check(parallel)
     gguf, alias = _target(target, baseline)
-    server = LlamaServer(gguf, name or alias, host, port, context_length, threads)
+    server = server_class(ServeSettings(gguf, name or alias, host, port, context_length, threads, parallel))
     signal.signal(signal.SIGTERM, _interrupt)  # `kill` stops the server too, as Ctrl-C does
     try:
         server.start()
@@ -45,7 +57,10 @@ def serve(
         server.stop()
         raise
     typer.echo(server.url)
-    stderr.print(f"serving {escape(server.alias)} from {escape(str(gguf))}; Ctrl-C stops it")
+    slots = f", {parallel} parallel slots" if parallel > 1 else ""
+    stderr.print(
+        f"{server.label} serving {escape(server.alias)} from {escape(str(gguf))}{slots}; Ctrl-C stops it"
+    )
     try:
         while server.process is not None and server.process.poll() is None:
             time.sleep(0.5)

@@ -186,3 +186,37 @@ def test_poisson_arrivals_at_a_request_rate_without_a_run(
     last_arrival = float(gaps[1:].sum())
     assert last_arrival > 0.1 and level["duration_s"] >= last_arrival
     assert level["output_tokens"] == 12 * 4  # the server's chunks, one token each
+
+
+def test_serve_refuses_an_unknown_server_parallel_slots_it_lacks_and_a_missing_llama_server(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Checked before the GGUF is even looked at (a missing file would be the later error)."""
+    absent = tmp_path / "absent.gguf"
+    code, _, err = run_cli(capsys, "serve", absent, "--server", "vllm")
+    assert code == 2
+    assert one_error(err) == (
+        "error: unknown server 'vllm'",
+        "hint: choose one of: llama-cpp-python, llama-server",
+    )
+    code, _, err = run_cli(capsys, "serve", absent, "--parallel", "4")
+    assert code == 2
+    assert one_error(err) == (
+        "error: llama-cpp-python's server decodes one request at a time, not 4",
+        "hint: use --server llama-server for parallel slots (continuous batching)",
+    )
+    monkeypatch.setenv("QUANTKIT_LLAMA_SERVER", str(tmp_path / "llama-server"))
+    code, _, err = run_cli(capsys, "serve", absent, "--server", "llama-server", "--parallel", "4")
+    assert code == 2
+    first, hint = one_error(err)
+    assert first == f"error: QUANTKIT_LLAMA_SERVER='{tmp_path / 'llama-server'}' is not an executable file"
+    assert "python -m quantkit.llama_cpp_build llama-server" in hint
+    # neither set, nor on PATH, nor built into this (empty) cache
+    monkeypatch.delenv("QUANTKIT_LLAMA_SERVER")
+    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.setenv("QUANTKIT_CACHE", str(tmp_path / "cache"))
+    code, _, err = run_cli(capsys, "serve", absent, "--server", "llama-server")
+    assert code == 2
+    first, hint = one_error(err)
+    assert first == "error: llama.cpp's llama-server is not installed"
+    assert hint.startswith("hint: put llama.cpp's llama-server on PATH or in QUANTKIT_LLAMA_SERVER")
