@@ -50,7 +50,10 @@ def serve(
     server_class.check(parallel)
     gguf, alias = _target(target, baseline)
     server = server_class(ServeSettings(gguf, name or alias, host, port, context_length, threads, parallel))
-    signal.signal(signal.SIGTERM, _interrupt)  # `kill` stops the server too, as Ctrl-C does
+    # `kill` stops the server too, as Ctrl-C does; SIGINT too when the shell that started this in
+    # the background (`quantkit serve ... &` in a script) set it to be ignored
+    signal.signal(signal.SIGTERM, _interrupt)
+    signal.signal(signal.SIGINT, _interrupt)
     try:
         server.start()
     except KeyboardInterrupt:

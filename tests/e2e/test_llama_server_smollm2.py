@@ -45,7 +45,7 @@ def served(run: Path) -> Iterator[str]:
     )
     command = [sys.executable, "-m", "quantkit", "serve", str(run), "--server", "llama-server"]
     process = subprocess.Popen(
-        [*command, "--parallel", "4", "--threads", "2", "--context-length", "512"],
+        [*command, "--parallel", "4", "--threads", "1", "--context-length", "512"],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,

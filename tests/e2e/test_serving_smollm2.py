@@ -47,12 +47,18 @@ class Served:
         self.process, self.url = process, url
 
 
-def _serve(*args: str) -> Iterator[Served]:
+def _ignore_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def _serve(*args: str, sigint_ignored: bool = False) -> Iterator[Served]:
+    """``quantkit serve *args``; with ``sigint_ignored`` started as a script's ``... &`` starts it."""
     process = subprocess.Popen(
         [sys.executable, "-m", "quantkit", "serve", *args, "--threads", "1"],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        preexec_fn=_ignore_sigint if sigint_ignored else None,
     )
     try:
         assert process.stdout is not None
@@ -65,7 +71,11 @@ def _serve(*args: str) -> Iterator[Served]:
     finally:
         if process.poll() is None:
             process.send_signal(signal.SIGINT)
-            process.wait(timeout=30)
+            try:
+                process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                process.kill()  # the server child is orphaned then; its own test fails
+                raise
 
 
 @pytest.fixture(scope="module")
@@ -205,7 +215,8 @@ def test_quality_through_vllms_scoring_format_agrees_with_the_in_process_evaluat
 def test_quantkit_serve_stops_on_ctrl_c_and_refuses_what_it_cannot_serve(
     run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    for served_now in _serve(str(run)):
+    # started in the background by a non-interactive shell (SIGINT ignored): Ctrl-C's signal still stops it
+    for served_now in _serve(str(run), sigint_ignored=True):
         served_now.process.send_signal(signal.SIGINT)
         assert served_now.process.wait(timeout=30) == 0
         assert served_now.process.stderr is not None and "stopped" in served_now.process.stderr.read()
