@@ -47,12 +47,19 @@ class Endpoint(BaseModel):
     timeout_s: float = 60.0  # per request: connect, and the longest silence mid-stream
 
     def client(self) -> AsyncOpenAI:
-        """An async client with quantkit's timeouts and no retries (a retry would hide a
-        failed request)."""
+        """An async client with quantkit's timeouts, no retries (a retry would hide a failed
+        request) and no pooled keep-alive connections: each request opens its own, as a new
+        client does (loopback connect: tens of microseconds, inside TTFT). llama.cpp's
+        llama-server closes idle keep-alive connections without saying so; a request sent on
+        one failed with "Server disconnected without sending a response"."""
         timeout = self.timeout()  # checks that openai is installed
-        from openai import AsyncOpenAI
+        import httpx2  # the openai client's HTTP library
+        from openai import AsyncOpenAI, DefaultAsyncHttpxClient
 
-        return AsyncOpenAI(base_url=self.url, api_key=self.api_key, timeout=timeout, max_retries=0)
+        http = DefaultAsyncHttpxClient(timeout=timeout, limits=httpx2.Limits(max_keepalive_connections=0))
+        return AsyncOpenAI(
+            base_url=self.url, api_key=self.api_key, timeout=timeout, max_retries=0, http_client=http
+        )
 
     def timeout(self) -> Timeout:
         """The openai clients' timeout: ``timeout_s`` for data, at most 10 s to connect (and the

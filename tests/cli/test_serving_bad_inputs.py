@@ -188,6 +188,22 @@ def test_poisson_arrivals_at_a_request_rate_without_a_run(
     assert level["output_tokens"] == 12 * 4  # the server's chunks, one token each
 
 
+def test_every_request_comes_on_a_connection_of_its_own(
+    tiny_model: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """No pooled keep-alive connections: llama.cpp's llama-server (cpp-httplib) closes an idle
+    one after a few requests without saying so, and a request sent on it failed with
+    'Server disconnected without sending a response' (4 of 40 sequential requests)."""
+    import httpx
+
+    args = ["--concurrency", "1,2", "--requests", "6", "--max-tokens", "2", "--prompt-lengths", "16"]
+    with start_server("instant") as url:
+        code, _, err = run_cli(capsys, "bench", "--endpoint", url, "--tokenizer", tiny_model, *args)
+        counted = httpx.get(url.removesuffix("/v1") + "/connections").json()
+    assert code == 0, err
+    assert counted == {"requests": 14, "connections": 14}  # 2 warm-up requests + 2 levels x 6
+
+
 def test_serve_refuses_an_unknown_server_parallel_slots_it_lacks_and_a_missing_llama_server(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -70,7 +70,7 @@ def test_four_parallel_slots_give_more_throughput_than_one(
     assert side["server"]["model"] == "gguf-q4_k_m" and side["server"]["version"]  # llama.cpp's build info
     one, four = side["levels"]
     for level in (one, four):
-        assert (level["requests"], level["completed"], level["failed"]) == (16, 16, 0)
+        assert (level["requests"], level["completed"], level["failed"]) == (16, 16, 0), level["errors"]
         for name in ("ttft", "tpot", "itl", "e2e"):
             assert 0 < level[name]["p50"] <= level[name]["p95"] <= level[name]["p99"], name
     ratio = four["output_tok_s"] / one["output_tok_s"]
@@ -89,6 +89,9 @@ def test_quality_through_llama_server_is_refused_for_want_of_prompt_log_probs(
     before = json.loads((run / "manifest.json").read_text()).get("served_quality")
     assert main(["eval", str(run), "--endpoint", served, "--top-logprobs", "5"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    print(err[-2:])
-    assert err[-2].startswith(f"error: the server at {served} ")
+    assert err[-2] == (
+        f"error: the server at {served} returns no prompt log-probs "
+        "(neither vLLM's prompt_logprobs nor echo with logprobs)"
+    )
+    assert "vllm serve" in err[-1]
     assert json.loads((run / "manifest.json").read_text()).get("served_quality") == before

@@ -13,6 +13,8 @@ of their own), for what no real server here does:
 - ``instant``: streams ``max_tokens`` chunks at once (the load generator's own overhead,
   bench/serving_overhead.py).
 
+Every mode counts the connections its completion requests came on (``GET /connections``).
+
 ``python tests/servers/openai_server.py MODE PORT [GGUF]``.
 """
 
@@ -46,8 +48,15 @@ def app_for(mode: str, gguf: str | None) -> FastAPI:
     async def version() -> dict[str, str]:
         return {"version": f"quantkit-test-{mode}"}
 
+    peers: list[str] = []  # the client address:port of every completion request
+
+    @app.get("/connections")
+    async def connections() -> dict[str, int]:
+        return {"requests": len(peers), "connections": len(set(peers))}
+
     @app.post("/v1/completions")
     async def completions(request: Request) -> object:
+        peers.append(f"{request.client.host}:{request.client.port}" if request.client else "?")
         body = await request.json()
         if mode == "error500":
             return JSONResponse({"error": {"message": "boom"}}, status_code=500)
