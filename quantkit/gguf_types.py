@@ -59,7 +59,7 @@ _LOW_IQ = {"IQ2_XXS", "IQ2_XS", "IQ1_S", "IQ2_S", "IQ2_M", "IQ1_M"}
 _HF_TO_GGUF = [
     (r"(?:model\.)?embed_tokens\.weight$", "token_embd.weight"),
     (r"lm_head\.weight$", "output.weight"),
-    (r"(?:model\.)?norm\.weight$", "output_norm.weight"),
+    (r"(?:^|\.)norm\.weight$", "output_norm.weight"),  # not input_layernorm.weight
     (r"layers\.(\d+)\.self_attn\.q_proj\.weight$", r"blk.\1.attn_q.weight"),
     (r"layers\.(\d+)\.self_attn\.k_proj\.weight$", r"blk.\1.attn_k.weight"),
     (r"layers\.(\d+)\.self_attn\.v_proj\.weight$", r"blk.\1.attn_v.weight"),
@@ -68,7 +68,10 @@ _HF_TO_GGUF = [
     (r"layers\.(\d+)\.mlp\.gate_proj\.weight$", r"blk.\1.ffn_gate.weight"),
     (r"layers\.(\d+)\.mlp\.up_proj\.weight$", r"blk.\1.ffn_up.weight"),
     (r"layers\.(\d+)\.mlp\.down_proj\.weight$", r"blk.\1.ffn_down.weight"),
-    (r"layers\.(\d+)\.(\w+)\.weight$", r"blk.\1.\2.weight"),  # norms and the like: 1-D, kept
+    (r"layers\.(\d+)\.input_layernorm\.weight$", r"blk.\1.attn_norm.weight"),
+    (r"layers\.(\d+)\.self_attn\.q_norm\.weight$", r"blk.\1.attn_q_norm.weight"),
+    (r"layers\.(\d+)\.self_attn\.k_norm\.weight$", r"blk.\1.attn_k_norm.weight"),
+    (r"layers\.(\d+)\.(\w+)\.weight$", r"blk.\1.\2.weight"),  # other norms and the like: 1-D, kept
 ]
 
 
