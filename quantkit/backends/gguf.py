@@ -142,7 +142,9 @@ class GGUFBackend(Backend[GGUFOptions]):
             from quantkit.gguf_overrides import check_overrides
             from quantkit.plan import gguf_tensors
 
-            check_overrides(gguf_tensors(model_path)[0], overrides, self.options.imatrix)
+            tensors = gguf_tensors(model_path)[0]
+            if tensors:  # no safetensors headers: checked on the converted GGUF before quantizing
+                check_overrides(tensors, overrides, self.options.imatrix)
 
     def check_model(self, config: Mapping[str, JsonValue]) -> None:
         """llama-cpp-python present and the architecture convertible, before anything is written."""

@@ -176,3 +176,14 @@ def test_plain_recipes_keep_their_scheme() -> None:
     recipe = validate_recipe({"name": "x", "method": "gguf", "options": {"type": "Q4_K_M"}})
     assert recipe.options["tensor_types"] == {} and recipe.options["token_embedding_type"] is None
     assert recipe.backend().describe() == ("Q4_K_M", 4.89)
+
+
+def test_the_option_types_are_the_planned_types_and_ggml_knows_them() -> None:
+    from typing import get_args
+
+    import gguf
+
+    from quantkit.backends.gguf import TensorType
+
+    assert set(get_args(TensorType)) == set(TENSOR_TYPES)
+    assert all(gguf.GGMLQuantizationType[name].name == name for name in TENSOR_TYPES)
