@@ -7,6 +7,12 @@ and every third one between), the output tensor's type (the token embedding's wh
 are tied), and the fallback when a row is not a multiple of the type's block (Gemma 3 270M's
 640-wide rows: Q4_K -> Q5_0, Q6_K -> Q8_0). ``quantkit plan`` sums the bytes from it; the
 e2e tests compare it tensor by tensor with files llama.cpp wrote.
+
+Per-tensor overrides (llama-quantize's ``--tensor-type``, ``--output-tensor-type`` and
+``--token-embedding-type``; ``Overrides``) follow ``llama_tensor_get_type``'s precedence: the
+token-embedding type, then the output type, then the first pattern that ``regex_search``es the
+tensor's name; a tensor a pattern took skips the mix rules, so it does not advance their
+per-kind counters (overriding ``blk.0.ffn_down`` shifts which later ``ffn_down`` get more bits).
 """
 
 from __future__ import annotations
@@ -33,11 +39,19 @@ DEFAULT_TYPE: dict[str, str] = {
     "IQ2_XXS": "IQ2_XXS", "IQ1_M": "IQ1_M", "IQ1_S": "IQ1_S",
 }  # fmt: skip
 
-_FALLBACK = {
+# llama.cpp's tensor_type_fallback for rows that are not a multiple of the block (0.3.36's
+# llama.cpp: Q2_K and Q3_K fall back to Q4_0, the i-quants to IQ4_NL)
+FALLBACK = {
     "IQ2_XXS": "IQ4_NL", "IQ2_XS": "IQ4_NL", "IQ2_S": "IQ4_NL", "IQ3_XXS": "IQ4_NL",
-    "IQ3_S": "IQ4_NL", "IQ1_S": "IQ4_NL", "IQ1_M": "IQ4_NL", "Q2_K": "IQ4_NL", "Q3_K": "IQ4_NL",
+    "IQ3_S": "IQ4_NL", "IQ1_S": "IQ4_NL", "IQ1_M": "IQ4_NL", "Q2_K": "Q4_0", "Q3_K": "Q4_0",
     "IQ4_XS": "IQ4_NL", "Q4_K": "Q5_0", "Q5_K": "Q5_1", "Q6_K": "Q8_0",
 }  # fmt: skip
+# ggml types a tensor can be given (llama-quantize's --tensor-type names, upper-cased)
+TENSOR_TYPES = tuple(BLOCKS)
+# llama.cpp refuses these without an importance matrix, except for token_embd and output
+TENSOR_NEEDS_IMATRIX = frozenset({"IQ3_XXS", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ1_M", "IQ1_S"})
+_UNQUANTIZED = ("F32", "F16", "BF16")
+_TOKEN_EMBD = ("token_embd.weight", "per_layer_token_embd.weight")
 _ATTN_OUTPUT = {"Q2_K": "Q3_K", "IQ3_XXS": "IQ3_S", "Q3_K_M": "Q4_K", "Q3_K_L": "Q5_K", "IQ3_M": "Q4_K"}
 _LOW_IQ = {"IQ2_XXS", "IQ2_XS", "IQ1_S", "IQ2_S", "IQ2_M", "IQ1_M"}
 
@@ -45,7 +59,7 @@ _LOW_IQ = {"IQ2_XXS", "IQ2_XS", "IQ1_S", "IQ2_S", "IQ2_M", "IQ1_M"}
 _HF_TO_GGUF = [
     (r"(?:model\.)?embed_tokens\.weight$", "token_embd.weight"),
     (r"lm_head\.weight$", "output.weight"),
-    (r"(?:model\.)?norm\.weight$", "output_norm.weight"),
+    (r"(?:^|\.)norm\.weight$", "output_norm.weight"),  # not input_layernorm.weight
     (r"layers\.(\d+)\.self_attn\.q_proj\.weight$", r"blk.\1.attn_q.weight"),
     (r"layers\.(\d+)\.self_attn\.k_proj\.weight$", r"blk.\1.attn_k.weight"),
     (r"layers\.(\d+)\.self_attn\.v_proj\.weight$", r"blk.\1.attn_v.weight"),
@@ -54,7 +68,10 @@ _HF_TO_GGUF = [
     (r"layers\.(\d+)\.mlp\.gate_proj\.weight$", r"blk.\1.ffn_gate.weight"),
     (r"layers\.(\d+)\.mlp\.up_proj\.weight$", r"blk.\1.ffn_up.weight"),
     (r"layers\.(\d+)\.mlp\.down_proj\.weight$", r"blk.\1.ffn_down.weight"),
-    (r"layers\.(\d+)\.(\w+)\.weight$", r"blk.\1.\2.weight"),  # norms and the like: 1-D, kept
+    (r"layers\.(\d+)\.input_layernorm\.weight$", r"blk.\1.attn_norm.weight"),
+    (r"layers\.(\d+)\.self_attn\.q_norm\.weight$", r"blk.\1.attn_q_norm.weight"),
+    (r"layers\.(\d+)\.self_attn\.k_norm\.weight$", r"blk.\1.attn_k_norm.weight"),
+    (r"layers\.(\d+)\.(\w+)\.weight$", r"blk.\1.\2.weight"),  # other norms and the like: 1-D, kept
 ]
 
 
@@ -94,18 +111,68 @@ def _more_bits(i_layer: int, n_layers: int) -> bool:
     return i_layer < n_layers // 8 or i_layer >= 7 * n_layers // 8 or (i_layer - n_layers // 8) % 3 == 2
 
 
-def _quantized(tensor: GGUFTensor) -> bool:
-    """llama-quantize's choice of what to quantize at all (2-D weights that are not norms)."""
+def quantized(tensor: GGUFTensor) -> bool:
+    """llama-quantize's choice of what to quantize at all (2-D weights that are not norms): the
+    only tensors an override can name."""
     name = tensor.name
     return name.endswith("weight") and len(tensor.ne) >= 2 and "_norm.weight" not in name
 
 
+@dataclass(frozen=True)
+class Overrides:
+    """llama-quantize's ``--tensor-type PATTERN=TYPE`` (in order), ``--output-tensor-type`` and
+    ``--token-embedding-type``; types are ggml's upper-case names."""
+
+    tensor_types: tuple[tuple[str, str], ...] = ()
+    output: str | None = None
+    token_embedding: str | None = None
+
+    def __bool__(self) -> bool:
+        return bool(self.tensor_types) or self.output is not None or self.token_embedding is not None
+
+
+@dataclass(frozen=True)
+class Decision:
+    """The override that decides one tensor's type: ``source`` is its pattern, or
+    ``output_tensor_type`` / ``token_embedding_type``; ``fallback``: llama.cpp still applies its
+    row-width fallback to it (a pattern, or the output type on a tied token embedding)."""
+
+    source: str
+    type: str
+    fallback: bool
+
+
+def override_decisions(tensors: list[GGUFTensor], overrides: Overrides) -> dict[str, Decision]:
+    """Tensor name -> the override llama.cpp applies to it, for each quantized tensor one names."""
+    has_output = any(t.name == "output.weight" for t in tensors)
+    compiled = [(pattern, re.compile(pattern), kind) for pattern, kind in overrides.tensor_types]
+    out: dict[str, Decision] = {}
+    for tensor in filter(quantized, tensors):
+        name = tensor.name
+        first = next(((p, kind) for p, regex, kind in compiled if regex.search(name)), None)
+        named_layer_embd = name == "per_layer_token_embd.weight" and first is not None
+        if overrides.token_embedding is not None and name in _TOKEN_EMBD and not named_layer_embd:
+            out[name] = Decision("token_embedding_type", overrides.token_embedding, fallback=False)
+        elif overrides.output is not None and name == "output.weight":
+            out[name] = Decision("output_tensor_type", overrides.output, fallback=False)
+        elif first is not None:
+            out[name] = Decision(first[0], first[1], fallback=True)
+        elif overrides.output is not None and not has_output and name in _TOKEN_EMBD:
+            out[name] = Decision("output_tensor_type", overrides.output, fallback=True)
+    return out
+
+
 def tensor_types(
-    tensors: list[GGUFTensor], file_type: str, shape: ModelShape, imatrix: bool
+    tensors: list[GGUFTensor],
+    file_type: str,
+    shape: ModelShape,
+    imatrix: bool,
+    overrides: Overrides | None = None,
 ) -> dict[str, str]:
-    """Tensor name -> ggml type of a ``file_type`` quantization (1-D tensors stay F32, as the
-    converter writes them)."""
+    """Tensor name -> ggml type of a ``file_type`` quantization with ``overrides`` (1-D tensors
+    stay F32, as the converter writes them)."""
     default = DEFAULT_TYPE[file_type]
+    decisions = override_decisions(tensors, overrides) if overrides else {}
     rules = _Rules(
         ftype=file_type,
         shape=shape,
@@ -115,10 +182,15 @@ def tensor_types(
     )
     out: dict[str, str] = {}
     for tensor in tensors:
-        if not _quantized(tensor):
+        decision = decisions.get(tensor.name)
+        if not quantized(tensor):
             out[tensor.name] = "F32" if len(tensor.ne) < 2 else "F16"
-        elif default in ("F32", "F16", "BF16"):
+        elif decision is not None and not decision.fallback:  # returned before any mix rule
+            out[tensor.name] = decision.type
+        elif default in _UNQUANTIZED:  # llama.cpp applies patterns only to quantized file types
             out[tensor.name] = default
+        elif decision is not None:  # skips the mix rules and their counters
+            out[tensor.name] = fallback(tensor.ne[0], decision.type)
         else:
             out[tensor.name] = _tensor_type(tensor, default, rules)
     return out
@@ -199,11 +271,20 @@ def _tensor_type(tensor: GGUFTensor, new_type: str, rules: _Rules) -> str:
         if n_layer // 8 <= i_layer < 7 * n_layer // 8:
             new_type = "IQ3_XXS"
         counters[key] = i_layer + 1
-    if nx % BLOCKS[new_type][0] != 0:
-        new_type = _FALLBACK.get(new_type, "F16")
-        if nx % BLOCKS[new_type][0] != 0:
-            new_type = "F16"
-    return new_type
+    return fallback(nx, new_type)
+
+
+def fits(width: int, ggml_type: str) -> bool:
+    """Whether rows of ``width`` weights are whole blocks of ``ggml_type``."""
+    return width % BLOCKS[ggml_type][0] == 0
+
+
+def fallback(width: int, ggml_type: str) -> str:
+    """The type llama.cpp writes for rows of ``width`` when ``ggml_type`` is asked for."""
+    if fits(width, ggml_type):
+        return ggml_type
+    chosen = FALLBACK.get(ggml_type, ggml_type)
+    return chosen if fits(width, chosen) else "F16"
 
 
 def _attn_v(new_type: str, ftype: str, gqa: int, imatrix: bool, i: int, n: int) -> str:

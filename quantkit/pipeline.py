@@ -102,7 +102,9 @@ def _preflight(request: QuantizeRequest, source: ModelSource, device: str) -> No
     from quantkit.models import text_config
     from quantkit.plan import check_quantization_fits, count_parameters
 
-    request.recipe.backend().check_model(text_config(source.path))
+    backend = request.recipe.backend()
+    backend.check_model(text_config(source.path))
+    backend.check_weights(source.path)
     if request.recipe.evals:
         from quantkit.evals.lm_eval_runner import check_tasks
 

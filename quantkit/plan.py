@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from quantkit.errors import UserInputError
 
 if TYPE_CHECKING:
-    from quantkit.gguf_types import GGUFTensor
+    from quantkit.gguf_types import GGUFTensor, ModelShape, Overrides
 
 GIB = 1024**3
 # Usable memory of named devices (bytes); "auto" means this machine's.
@@ -106,6 +106,7 @@ class Target:
     weight_bits: float
     gguf_type: str | None = None
     imatrix: bool = False
+    gguf_overrides: Overrides | None = None  # per-tensor types (llama-quantize's --tensor-type)
 
 
 @dataclass(frozen=True)
@@ -141,7 +142,7 @@ def estimate(model_path: Path, target: Target, serving: Serving) -> Plan:
     layers = int(config.get("num_hidden_layers", 0))
     heads = int(config.get("num_attention_heads", 1))
     if target.gguf_type is not None:
-        quantized = gguf_bytes(model_path, target.gguf_type, target.imatrix)
+        quantized = gguf_bytes(model_path, target.gguf_type, target.imatrix, target.gguf_overrides)
     else:
         quantized = int(linear * weight_bits / 8 + kept_bytes)
     kv_heads = int(config.get("num_key_value_heads", heads))
@@ -163,12 +164,10 @@ def estimate(model_path: Path, target: Target, serving: Serving) -> Plan:
     )
 
 
-def gguf_tensor_types(
-    model_path: Path, file_type: str, imatrix: bool = False
-) -> list[tuple[GGUFTensor, str]]:
-    """Each tensor of the GGUF llama-quantize makes from an HF folder, with the ggml type
-    llama.cpp picks for it (``quantkit.gguf_types``)."""
-    from quantkit.gguf_types import GGUFTensor, ModelShape, gguf_name, tensor_types
+def gguf_tensors(model_path: Path) -> tuple[list[GGUFTensor], ModelShape]:
+    """The tensors of the GGUF llama.cpp's converter makes from an HF folder (its names, ``ne``
+    and order), and the hyperparameters the quantization rules read."""
+    from quantkit.gguf_types import GGUFTensor, ModelShape, gguf_name
 
     config = json.loads((model_path / "config.json").read_text(encoding="utf-8"))
     config = config.get("text_config", config)
@@ -177,29 +176,42 @@ def gguf_tensor_types(
         names.pop("lm_head.weight", None)  # the converter writes a tied head once
     tensors = sorted(
         (GGUFTensor(gguf_name(name), tuple(reversed(shape))) for name, shape in names.items()),
-        key=_file_order,
+        key=file_order,
     )
     heads = int(config.get("num_attention_heads", 1))
     shape = ModelShape(
         n_layer=int(config.get("num_hidden_layers", 0)),
         n_gqa=heads // max(int(config.get("num_key_value_heads", heads)), 1),
     )
-    types = tensor_types(tensors, file_type, shape, imatrix)
+    return tensors, shape
+
+
+def gguf_tensor_types(
+    model_path: Path, file_type: str, imatrix: bool = False, overrides: Overrides | None = None
+) -> list[tuple[GGUFTensor, str]]:
+    """Each tensor of the GGUF llama-quantize makes from an HF folder, with the ggml type
+    llama.cpp picks for it (``quantkit.gguf_types``)."""
+    from quantkit.gguf_types import tensor_types
+
+    tensors, shape = gguf_tensors(model_path)
+    types = tensor_types(tensors, file_type, shape, imatrix, overrides)
     return [(tensor, types[tensor.name]) for tensor in tensors]
 
 
-def _file_order(tensor: GGUFTensor) -> tuple[int, str]:
-    """The converter's order, which the per-layer rules count in: layer by layer (safetensors
-    headers list ``layers.10`` before ``layers.2``), the rest first."""
+def file_order(tensor: GGUFTensor) -> tuple[int, str]:
+    """llama-quantize's order, which the per-layer rules count in: layer by layer (safetensors
+    headers and the converter list ``layers.10`` before ``layers.2``), the rest first."""
     found = re.match(r"blk\.(\d+)\.", tensor.name)
     return (int(found.group(1)) if found else -1, tensor.name)
 
 
-def gguf_bytes(model_path: Path, file_type: str, imatrix: bool = False) -> int:
+def gguf_bytes(
+    model_path: Path, file_type: str, imatrix: bool = False, overrides: Overrides | None = None
+) -> int:
     """Size of that GGUF: its tensors in their types plus the vocabulary it carries."""
     from quantkit.gguf_types import tensor_bytes
 
-    tensors = gguf_tensor_types(model_path, file_type, imatrix)
+    tensors = gguf_tensor_types(model_path, file_type, imatrix, overrides)
     return sum(tensor_bytes(tensor, kind) for tensor, kind in tensors) + vocabulary_bytes(model_path)
 
 

@@ -101,6 +101,11 @@ class Backend(ABC, Generic[OptionsT_co]):
         """Refuse options that cannot fit this model (from its config.json, before loading it)."""
         return None
 
+    def check_weights(self, model_path: Path) -> None:
+        """Refuse options that name or misfit this model's tensors (from the safetensors headers
+        of the HF folder, before loading it)."""
+        return None
+
     @abstractmethod
     def describe(self) -> tuple[str, float]:
         """The scheme name and nominal bits per quantized weight these options give."""

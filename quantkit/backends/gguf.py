@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
-from pydantic import Field, JsonValue
+from pydantic import Field, JsonValue, ValidationInfo, field_validator
 
 from quantkit.backends.base import Artifact, Backend, BackendOptions, QuantizeJob
 from quantkit.errors import BackendError, RecipeError
@@ -22,11 +22,19 @@ from quantkit.progress import native_stderr_captured
 
 if TYPE_CHECKING:
     import numpy as np
+    from llama_cpp import llama_model_quantize_params
+
+    from quantkit.gguf_types import GGUFTensor, Overrides
 
 GGUFType = Literal[
     "F32", "F16", "BF16", "Q8_0", "Q6_K", "Q5_K_M", "Q5_K_S", "Q5_0", "Q4_K_M", "Q4_K_S", "Q4_0",
     "IQ4_XS", "IQ4_NL", "Q3_K_L", "Q3_K_M", "Q3_K_S", "IQ3_M", "IQ3_S", "IQ3_XS", "IQ3_XXS",
     "Q2_K", "Q2_K_S", "IQ2_M", "IQ2_S", "IQ2_XS", "IQ2_XXS", "IQ1_M", "IQ1_S",
+]  # fmt: skip
+# ggml's per-tensor types (llama-quantize's --tensor-type names; quantkit.gguf_types.TENSOR_TYPES)
+TensorType = Literal[
+    "F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K",
+    "Q6_K", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "IQ1_S", "IQ1_M", "IQ4_NL", "IQ4_XS",
 ]  # fmt: skip
 # llama-quantize refuses these without an importance matrix
 NEEDS_IMATRIX = {"IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ1_S", "IQ1_M", "Q2_K_S"}
@@ -47,6 +55,37 @@ class GGUFOptions(BackendOptions):
     imatrix: bool = Field(False, description="importance matrix from the shared calibration set")
     outtype: Literal["f16", "bf16", "f32"] = Field("f16", description="precision of the converted GGUF")
     threads: int | None = Field(None, ge=1, description="quantization threads (default: all cores)")
+    tensor_types: dict[str, TensorType] = Field(
+        default_factory=dict,
+        description="ordered tensor-name regex -> ggml type (llama-quantize's --tensor-type; first match "
+        "wins); a mapping or a list of PATTERN=TYPE",
+    )
+    output_tensor_type: TensorType | None = Field(
+        None, description="ggml type of output.weight (llama-quantize's --output-tensor-type)"
+    )
+    token_embedding_type: TensorType | None = Field(
+        None, description="ggml type of token_embd.weight (llama-quantize's --token-embedding-type)"
+    )
+
+    @field_validator("tensor_types", mode="before")
+    @classmethod
+    def _tensor_types(cls, value: object) -> object:
+        from quantkit.gguf_overrides import tensor_types
+
+        return tensor_types(value)
+
+    @field_validator("output_tensor_type", "token_embedding_type", mode="before")
+    @classmethod
+    def _tensor_type(cls, value: object, info: ValidationInfo) -> object:
+        from quantkit.gguf_overrides import tensor_type
+
+        return tensor_type(value, f"options.{info.field_name}")
+
+    def overrides(self) -> Overrides:
+        """The per-tensor types in llama.cpp's terms."""
+        from quantkit.gguf_types import Overrides
+
+        return Overrides(tuple(self.tensor_types.items()), self.output_tensor_type, self.token_embedding_type)
 
 
 @dataclass(frozen=True)
@@ -89,6 +128,23 @@ class GGUFBackend(Backend[GGUFOptions]):
                 f"GGUF type {self.options.type} needs an importance matrix",
                 "set options.imatrix=true (computed from the calibration set)",
             )
+        if self.options.overrides() and self.options.type in ("F16", "BF16", "F32"):
+            raise RecipeError(
+                "per-tensor types need a quantized options.type "
+                f"(llama.cpp ignores them for {self.options.type})",
+                "set options.type to the type of the other tensors, e.g. Q8_0 or Q4_K_M",
+            )
+
+    def check_weights(self, model_path: Path) -> None:
+        """Per-tensor types must name tensors of this model and fit their rows (predicted names)."""
+        overrides = self.options.overrides()
+        if overrides:
+            from quantkit.gguf_overrides import check_overrides
+            from quantkit.plan import gguf_tensors
+
+            tensors = gguf_tensors(model_path)[0]
+            if tensors:  # no safetensors headers: checked on the converted GGUF before quantizing
+                check_overrides(tensors, overrides, self.options.imatrix)
 
     def check_model(self, config: Mapping[str, JsonValue]) -> None:
         """llama-cpp-python present and the architecture convertible, before anything is written."""
@@ -100,6 +156,7 @@ class GGUFBackend(Backend[GGUFOptions]):
 
     def describe(self) -> tuple[str, float]:
         suffix = "+imatrix" if self.options.imatrix else ""
+        suffix += "+overrides" if self.options.overrides() else ""
         return f"{self.options.type}{suffix}", NOMINAL_BITS[self.options.type]
 
     def _converted(self, model_path: Path, log: Callable[[str], None]) -> tuple[Path, float | None]:
@@ -147,6 +204,11 @@ class GGUFBackend(Backend[GGUFOptions]):
                 "conversion_s": conversion_s,
             },
         }
+        overrides = options.overrides()
+        if overrides:  # again on the converter's real names and shapes, before quantizing
+            from quantkit.gguf_overrides import check_overrides
+
+            check_overrides(_tensors(base), overrides, options.imatrix)
         if options.type.lower() == options.outtype:
             shutil.copyfile(base, out_file)
         else:
@@ -154,7 +216,7 @@ class GGUFBackend(Backend[GGUFOptions]):
             job.log(f"quantizing to {options.type} with llama.cpp")
             with native_stderr_captured(job.verbose) as native_log:
                 try:
-                    _llama_quantize(base, out_file, options.type, options.threads, imatrix)
+                    _llama_quantize(base, out_file, options, imatrix)
                 except BackendError as err:
                     tail = " | ".join(line for line in native_log[-3:] if line.strip())
                     raise BackendError(f"{err.message}: {tail}" if tail else err.message, err.hint) from None
@@ -166,6 +228,12 @@ class GGUFBackend(Backend[GGUFOptions]):
                 }
         info = inspect_gguf(out_file)
         details |= info.details()
+        if overrides:  # each override, the tensors it took and what llama.cpp wrote for them
+            from quantkit.gguf_file import read_gguf
+            from quantkit.gguf_overrides import summary
+
+            written = {tensor.name: tensor.type_name for tensor in read_gguf(out_file).tensors}
+            details["overrides"] = summary(_tensors(base), overrides, written)
         scheme, _ = self.describe()
         return Artifact(job.out_dir, "gguf", self.runtime, scheme, info.bits_per_weight, details)
 
@@ -205,19 +273,55 @@ def inspect_gguf(path: Path) -> GGUFInfo:
     )
 
 
+def _tensors(path: Path) -> list[GGUFTensor]:
+    """A GGUF file's tensors in llama-quantize's order, as the quantization rules see them."""
+    from quantkit.gguf_file import read_gguf
+    from quantkit.gguf_types import GGUFTensor
+    from quantkit.plan import file_order
+
+    tensors = [GGUFTensor(tensor.name, tuple(tensor.shape)) for tensor in read_gguf(path).tensors]
+    return sorted(tensors, key=file_order)
+
+
+def _tensor_overrides(params: llama_model_quantize_params, overrides: Overrides, keep: list[object]) -> None:
+    """Per-tensor types into llama.cpp's quantize params, as llama-quantize passes them: an array of
+    (pattern, ggml type) ending with a NULL pattern; ``keep`` holds it alive for the call."""
+    import gguf
+    import llama_cpp
+
+    if overrides.output is not None:
+        params.output_tensor_type = gguf.GGMLQuantizationType[overrides.output].value
+    if overrides.token_embedding is not None:
+        params.token_embedding_type = gguf.GGMLQuantizationType[overrides.token_embedding].value
+    if not overrides.tensor_types:
+        return
+    count = len(overrides.tensor_types)
+    entries = (llama_cpp.llama_model_tensor_override * (count + 1))()
+    for index, (pattern, kind) in enumerate(overrides.tensor_types):
+        encoded = pattern.encode()
+        keep.append(encoded)
+        entries[index].pattern = encoded
+        entries[index].type = gguf.GGMLQuantizationType[kind].value
+    entries[count].pattern = None  # the terminator llama.cpp stops at
+    params.tt_overrides = ctypes.cast(entries, ctypes.POINTER(llama_cpp.llama_model_tensor_override))
+    keep.append(entries)
+
+
 def _llama_quantize(
-    source: Path, target: Path, type_name: str, threads: int | None, imatrix: dict[str, np.ndarray] | None
+    source: Path, target: Path, options: GGUFOptions, imatrix: dict[str, np.ndarray] | None
 ) -> None:
     import llama_cpp
     import numpy as np
 
+    type_name = options.type
     ftype = getattr(llama_cpp, f"LLAMA_FTYPE_MOSTLY_{type_name}", None)
     if ftype is None:
         raise RecipeError(f"this llama-cpp-python has no GGUF type {type_name}", "pick another options.type")
     params = llama_cpp.llama_model_quantize_default_params()
     params.ftype = ftype
-    params.nthread = threads or 0
+    params.nthread = options.threads or 0
     keep: list[object] = []
+    _tensor_overrides(params, options.overrides(), keep)
     if imatrix:
         entries = (llama_cpp.llama_model_imatrix_data * (len(imatrix) + 1))()
         for index, (name, values) in enumerate(sorted(imatrix.items())):

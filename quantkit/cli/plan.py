@@ -51,13 +51,15 @@ def plan(
         )
     from quantkit.backends.gguf import GGUFOptions
 
-    options = resolved.backend().options
-    gguf = options if isinstance(options, GGUFOptions) else None
+    backend = resolved.backend()
+    backend.check_weights(source.path)
+    gguf = backend.options if isinstance(backend.options, GGUFOptions) else None
     target = planning.Target(
         scheme,
         bits,
         gguf_type=None if gguf is None else gguf.type,
         imatrix=gguf is not None and gguf.imatrix,
+        gguf_overrides=None if gguf is None else gguf.overrides(),
     )
     result = planning.estimate(source.path, target, planning.Serving(context, batch, device, memory))
     if output_format == OutputFormat.json:
