@@ -102,18 +102,33 @@ def layer_errors(stats: object, layers_node: str) -> list[JsonValue]:
     return errors
 
 
-def keep_unquantized_dtype(model: torch.nn.Module, dtype: torch.dtype) -> None:
-    """Store what GPTQModel left unquantized (embeddings, norms, the head) in the source
-    checkpoint's dtype; the packed modules (``qweight``, fp16 scales) are left as they are."""
-    for module in model.modules():
-        if hasattr(module, "qweight"):
-            continue
-        for tensor in [*module.parameters(recurse=False), *module.buffers(recurse=False)]:
-            if tensor.is_floating_point() and tensor.dtype != dtype:
-                tensor.data = tensor.data.to(dtype)
-    config = getattr(model, "config", None)
-    if config is not None:
-        config.dtype = dtype
+def store_unquantized_in(folder: Path, dtype: torch.dtype) -> None:
+    """Rewrite the saved checkpoint so what GPTQModel left unquantized (embeddings, norms, the
+    head) is stored in the source checkpoint's dtype, as the llm-compressor engine stores it:
+    the model was computed in float32 on the CPU. The packed tensors (int32 ``qweight``,
+    ``qzeros``, ``g_idx``; fp16 ``scales``) are left as they are. Done on the files, after
+    ``save``: GPTQModel offloads finished layers to disk while it quantizes, so the modules in
+    memory do not all hold their tensors."""
+    import json
+
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    for path in sorted(folder.glob("*.safetensors")):
+        with safe_open(str(path), "pt") as handle:
+            metadata = handle.metadata()
+            tensors = {name: handle.get_tensor(name) for name in handle.keys()}  # noqa: SIM118
+        changed = {
+            name: tensor.to(dtype)
+            for name, tensor in tensors.items()
+            if tensor.is_floating_point() and tensor.dtype != dtype and not name.endswith(".scales")
+        }
+        if changed:
+            save_file(tensors | changed, str(path), metadata=metadata)
+    config_path = folder / "config.json"
+    config = json.loads(config_path.read_text(encoding="utf-8"))
+    config["dtype"] = str(dtype).removeprefix("torch.")
+    config_path.write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
 
 
 def run_gptqmodel(job: QuantizeJob, quantize_config: dict[str, JsonValue]) -> dict[str, JsonValue]:
@@ -163,8 +178,8 @@ def _quantize_and_save(
                 "rerun with QUANTKIT_DEBUG=1 for the traceback",
             ) from err
     job.log("saving the GPTQ checkpoint")
-    keep_unquantized_dtype(model.model, source_dtype(job.model_path))
     model.save(str(job.out_dir))
+    store_unquantized_in(job.out_dir, source_dtype(job.model_path))
     return {
         "library": "gptqmodel",
         "engine": "gptqmodel",
