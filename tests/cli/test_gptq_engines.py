@@ -114,3 +114,21 @@ def test_each_engine_validates_to_its_own_options() -> None:
     }  # fmt: skip
     default = load_recipe("gptq-w4a16-g64", [])
     assert type(default.backend()) is GPTQBackend and default.options["engine"] == "llmcompressor"
+
+
+def test_the_method_column_names_the_engine_that_ran() -> None:
+    from conftest import synthetic_record
+
+    from quantkit.report.table import method_label
+
+    manifest = synthetic_record("q4", "W4A16-g64", {"kld_mean": 0.2}, {"ppl": 20.0}).manifest
+    assert "engine" not in manifest.recipe.options and method_label(manifest) == "gptq"
+    for engine in ("gptqmodel", "llmcompressor"):
+        ran = manifest.model_copy(
+            update={"artifact": manifest.artifact.model_copy(update={"details": {"engine": engine}})}
+        )
+        assert method_label(ran) == f"gptq ({engine})"
+    resolved = manifest.model_copy(
+        update={"recipe": manifest.recipe.model_copy(update={"options": {"engine": "llmcompressor"}})}
+    )
+    assert method_label(resolved) == "gptq (llmcompressor)"  # a run made before the engine was recorded
