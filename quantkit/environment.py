@@ -17,6 +17,8 @@ LIBRARIES = (
     "transformers",
     "llmcompressor",
     "compressed-tensors",
+    "gptqmodel",
+    "optimum",
     "accelerate",
     "tokenizers",
     "datasets",

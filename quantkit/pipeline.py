@@ -124,6 +124,7 @@ def _run_quantize(request: QuantizeRequest, reporter: Reporter) -> RunResult:
     recipe = request.recipe
     total_start = time.perf_counter()
     backend = recipe.backend()
+    backend.check_dependencies()  # a missing engine is refused before the model is resolved
     quiet_libraries(request.verbose)
     device = resolve_device(request.device or recipe.device)
     model_spec = request.model or recipe.model

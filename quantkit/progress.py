@@ -86,6 +86,28 @@ def library_bars_hidden(verbose: bool) -> Iterator[None]:
 
 
 @contextmanager
+def stdout_to_stderr(drop: bool = False) -> Iterator[None]:
+    """Send what anything writes to file descriptor 1 (stdout: quantkit's data channel, e.g.
+    ``--format json``) to stderr for the duration, or to /dev/null with ``drop``. For libraries
+    that print banners and logs on stdout (GPTQModel, also when transformers loads a GPTQ
+    checkpoint through it)."""
+    import os
+    import sys
+
+    sys.stdout.flush()
+    saved = os.dup(1)
+    target = os.open(os.devnull, os.O_WRONLY) if drop else os.dup(2)
+    os.dup2(target, 1)
+    os.close(target)
+    try:
+        yield
+    finally:
+        sys.stdout.flush()
+        os.dup2(saved, 1)
+        os.close(saved)
+
+
+@contextmanager
 def native_stderr_captured(verbose: bool) -> Iterator[list[str]]:
     """Capture what native code (llama.cpp) writes to file descriptor 2, unless ``verbose``.
 

@@ -93,6 +93,12 @@ class Backend(ABC, Generic[OptionsT_co]):
         """Refuse option combinations that cannot work (before any model is loaded)."""
         return None
 
+    def check_dependencies(self) -> None:
+        """Refuse to start when a library these options need is missing (a
+        MissingDependencyError naming the extra), before the model is resolved or loaded; not
+        part of recipe validation, so a recipe validates where its engine is not installed."""
+        return None
+
     @abstractmethod
     def requires_calibration(self) -> bool:
         """Whether these options need calibration tokens (the pipeline decides, not the user)."""

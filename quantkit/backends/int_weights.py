@@ -14,15 +14,14 @@ if TYPE_CHECKING:
     from quantkit.backends.llmcompressor_run import OneshotRecipe
 
 
-class IntWeightOptions(BackendOptions):
+class IntSchemeOptions(BackendOptions):
     """Integer weights, 16-bit activations. ``group_size: null`` means one scale per output
-    channel; otherwise one scale (and zero point when asymmetric) per group of input columns."""
+    channel; otherwise one scale (and zero point when asymmetric) per group of input columns.
+    What every integer weight-only engine shares (llm-compressor's and GPTQModel's)."""
 
-    bits: Literal[3, 4, 8] = Field(4, description="weight bits (W3A16, W4A16, W8A16)")
+    bits: int = Field(4, description="weight bits")
     group_size: int | None = Field(128, description="input columns per scale; null = per channel")
     symmetric: bool = Field(True, description="symmetric (no zero point) or asymmetric weights")
-    targets: list[str] = Field(default_factory=lambda: ["Linear"], min_length=1)
-    ignore: list[str] = Field(default_factory=lambda: ["lm_head"])
 
     @field_validator("group_size")
     @classmethod
@@ -36,6 +35,22 @@ class IntWeightOptions(BackendOptions):
     def scheme_name(self) -> str:
         group = f"g{self.group_size}" if self.group_size else "per-channel"
         return f"W{self.bits}A16-{group}{'' if self.symmetric else '-asym'}"
+
+    def effective_bits(self) -> float:
+        """Bits per weight including the fp16 scale (and zero point) per group."""
+        if not self.group_size:
+            return float(self.bits)
+        overhead = 16 + (0 if self.symmetric else self.bits)
+        return self.bits + overhead / self.group_size
+
+
+class IntWeightOptions(IntSchemeOptions):
+    """Integer weights through llm-compressor (compressed-tensors), on the modules ``targets``
+    names except those ``ignore`` names."""
+
+    bits: Literal[3, 4, 8] = Field(4, description="weight bits (W3A16, W4A16, W8A16)")
+    targets: list[str] = Field(default_factory=lambda: ["Linear"], min_length=1)
+    ignore: list[str] = Field(default_factory=lambda: ["lm_head"])
 
     def weights_args(self, actorder: str | None = None) -> dict[str, JsonValue]:
         """compressed-tensors ``QuantizationArgs`` for the weights."""
@@ -55,15 +70,8 @@ class IntWeightOptions(BackendOptions):
         targets: list[JsonValue] = list(self.targets)
         return {"group_0": {"targets": targets, "weights": self.weights_args(actorder)}}
 
-    def effective_bits(self) -> float:
-        """Bits per weight including the fp16 scale (and zero point) per group."""
-        if not self.group_size:
-            return float(self.bits)
-        overhead = 16 + (0 if self.symmetric else self.bits)
-        return self.bits + overhead / self.group_size
 
-
-def check_group_size_divides(options: IntWeightOptions, config: Mapping[str, JsonValue]) -> None:
+def check_group_size_divides(options: IntSchemeOptions, config: Mapping[str, JsonValue]) -> None:
     """Refuse a group size that does not divide the model's linear input widths."""
     if not options.group_size:
         return
@@ -80,11 +88,12 @@ def check_group_size_divides(options: IntWeightOptions, config: Mapping[str, Jso
         raise RecipeError(f"options.group_size={options.group_size} does not divide {shown}", hint)
 
 
-IntOptionsT = TypeVar("IntOptionsT", bound=IntWeightOptions, covariant=True)
+IntOptionsT = TypeVar("IntOptionsT", bound=IntSchemeOptions, covariant=True)
 
 
 class IntWeightBackend(Backend[IntOptionsT]):
-    """Shared behaviour of the integer weight-only backends (GPTQ, AWQ, RTN via llm-compressor)."""
+    """Shared behaviour of the integer weight-only backends (GPTQ, AWQ, RTN via llm-compressor;
+    GPTQ via GPTQModel)."""
 
     runtime = "hf"
     library = "llmcompressor"

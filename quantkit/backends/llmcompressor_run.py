@@ -212,12 +212,25 @@ def run_oneshot(
     failpoint("save.weights")  # weights written, tokenizer not yet: a crash mid-save
     tokenizer.save_pretrained(job.out_dir)
     modifiers: list[JsonValue] = list(names)
-    return {
+    details: dict[str, JsonValue] = {
         "library": "llmcompressor",
         "library_version": version,
         "modifiers": modifiers,
         "layer_errors": errors,
     }
+    if calibration is not None:
+        details["calibration_fed_hash"] = fed_hash(_calibration_dataset(calibration)["input_ids"])
+    return details
+
+
+def fed_hash(rows: list[list[int]]) -> str:
+    """The hash of the token ids a library was given (``hash_ids`` of the rows, no BOS rule):
+    equal across engines exactly when they were fed the same ids."""
+    import numpy as np
+
+    from quantkit.tokens import hash_ids
+
+    return hash_ids(np.asarray(rows, dtype=np.int32))
 
 
 def oneshot_in_place(

@@ -77,6 +77,7 @@ def _interrupted(path: Path) -> Leftover:
 
 def _summary(path: Path) -> dict[str, JsonValue]:
     from quantkit.errors import UserInputError
+    from quantkit.report.table import method_label
     from quantkit.store import load_run
 
     try:
@@ -89,7 +90,7 @@ def _summary(path: Path) -> dict[str, JsonValue]:
         "status": "complete",
         "name": manifest.display_name,
         "recipe": manifest.recipe.name,
-        "method": manifest.recipe.method,
+        "method": method_label(manifest),
         "created": manifest.created,
         "ppl_increase_pct": manifest.metric("ppl_increase_pct"),
         "kld_mean": manifest.metric("kld_mean"),

@@ -8,6 +8,7 @@ deltas and ratios are against its own group's baseline row.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from pydantic import JsonValue
 
@@ -15,6 +16,9 @@ from quantkit import __version__
 from quantkit.metrics import METRICS, format_metric
 from quantkit.serving.record import ServeSide
 from quantkit.store import RunRecord
+
+if TYPE_CHECKING:
+    from quantkit.manifest import Manifest
 
 REPORT_SCHEMA = 2
 
@@ -176,6 +180,13 @@ def _quantize_seconds(total: float | None, convert: float | None) -> float | Non
     return None if total is None else round(max(total - (convert or 0.0), 0.0), 3)
 
 
+def method_label(manifest: Manifest) -> str:
+    """The method, with the engine that ran it where the method has several (``gptq
+    (gptqmodel)``): the artifact's record of it, else the resolved recipe's option."""
+    engine = manifest.artifact.details.get("engine") or manifest.recipe.options.get("engine")
+    return f"{manifest.recipe.method} ({engine})" if isinstance(engine, str) else manifest.recipe.method
+
+
 def _run_row(record: RunRecord, index: int) -> Row:
     manifest = record.manifest
     artifact = manifest.artifact
@@ -184,7 +195,7 @@ def _run_row(record: RunRecord, index: int) -> Row:
     row: Row = {
         "name": manifest.display_name,
         "run_id": record.name,
-        "method": manifest.recipe.method,
+        "method": method_label(manifest),
         "scheme": artifact.scheme,
         "weight_bits": artifact.weight_bits,
         "file_bpw": artifact.file_bpw,

@@ -47,10 +47,12 @@ class HFRuntime(Runtime):
         from transformers import AutoModelForCausalLM
 
         from quantkit.device import torch_dtype
+        from quantkit.progress import stdout_to_stderr
 
-        model: PreTrainedModel = AutoModelForCausalLM.from_pretrained(
-            path, dtype=torch_dtype(settings.compute_dtype), trust_remote_code=settings.trust_remote_code
-        )
+        with stdout_to_stderr():  # a GPTQ checkpoint loads through GPTQModel, which prints on stdout
+            model: PreTrainedModel = AutoModelForCausalLM.from_pretrained(
+                path, dtype=torch_dtype(settings.compute_dtype), trust_remote_code=settings.trust_remote_code
+            )
         model = model.to(settings.device)  # type: ignore[arg-type]  # transformers' stub wraps .to
         model.eval()
         return cls(model, path, settings)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -20,6 +21,12 @@ pytestmark = pytest.mark.slow
 MIN_RECOVERY = 70
 
 
+# GPTQ's second engine runs where it is installed (the gptqmodel extra); its tests skip otherwise.
+HAS_GPTQMODEL = importlib.util.find_spec("gptqmodel") is not None
+needs_gptqmodel = pytest.mark.skipif(
+    not HAS_GPTQMODEL, reason="GPTQModel is not installed (quantkit[gptqmodel])"
+)
+
 # run name -> recipe and overrides
 RUNS = {
     "fp8": ["fp8-dynamic"],
@@ -28,6 +35,10 @@ RUNS = {
     "gptq": ["gptq-w4a16-g64"],
     "awq": ["awq-w4a16-g64", "--set", "options.n_grid=5"],
 }
+if HAS_GPTQMODEL:  # llm-compressor's dampening (0.01), so the engine is the one difference
+    RUNS["gptqmodel"] = [
+        "gptq-w4a16-g128-gptqmodel", "--set", "options.group_size=64", "--set", "options.damp_percent=0.01",
+    ]  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -154,3 +165,87 @@ def test_plan_estimates_the_artifact_weights_within_5_percent(
     assert main(["plan", *RUNS[name], "--format", "json"]) == 0
     estimate = json.loads(capsys.readouterr().out)["quantized_weights_bytes"]
     assert estimate == pytest.approx(tensor_bytes(Path(runs[name]["_path"]) / "artifact"), rel=0.05)
+
+
+# --- GPTQ by GPTQModel beside llm-compressor ---------------------------------------------------
+
+
+@needs_gptqmodel
+def test_both_gptq_engines_saw_the_same_calibration_ids_and_reference(runs: dict[str, dict]) -> None:
+    llmc, gm = runs["gptq"], runs["gptqmodel"]
+    assert llmc["calibration"]["hash"] == gm["calibration"]["hash"]
+    # the ids each library was handed, hashed by each driver (not just the windows quantkit made)
+    fed = [m["artifact"]["details"]["calibration_fed_hash"] for m in (llmc, gm)]
+    assert fed[0] == fed[1] and len(fed[0]) == 64
+    assert llmc["eval"]["reference_key"] == gm["eval"]["reference_key"]
+    assert [m["artifact"]["details"]["engine"] for m in (llmc, gm)] == ["llmcompressor", "gptqmodel"]
+    assert gm["artifact"]["details"]["library_version"] == gm["environment"]["libraries"]["gptqmodel"]
+    assert gm["artifact"]["format"] == "gptq"
+
+
+@needs_gptqmodel
+def test_gptqmodel_beats_rtn_like_llmcompressor_does(runs: dict[str, dict]) -> None:
+    gm, rtn = runs["gptqmodel"], runs["rtn-sym"]
+    assert gm["artifact"]["scheme"] == rtn["artifact"]["scheme"] == "W4A16-g64"
+    print(f"KLD: gptqmodel {kld(gm):.4f}, llm-compressor {kld(runs['gptq']):.4f}, RTN {kld(rtn):.4f}")
+    assert kld(gm) < 0.8 * kld(rtn)
+    ppl = {
+        name: runs[name]["metrics"]["quantized"]["ppl"]["value"] for name in ("gptqmodel", "gptq", "rtn-sym")
+    }
+    baseline_ppl = gm["metrics"]["baseline"]["ppl"]["value"]
+    assert baseline_ppl < ppl["gptqmodel"] < ppl["rtn-sym"]
+    assert gm["gate"]["passed"] is True  # the recipe's max_kld, the bound llm-compressor's GPTQ meets
+
+
+@needs_gptqmodel
+def test_gptqmodel_layer_losses_cover_every_linear_layer(runs: dict[str, dict]) -> None:
+    errors = runs["gptqmodel"]["artifact"]["details"]["layer_errors"]
+    assert len(errors) == 30 * 7
+    assert {e["module"] for e in errors} == {
+        e["module"] for e in runs["gptq"]["artifact"]["details"]["layer_errors"]
+    }
+    assert all(e["method"] == "GPTQ" and e["loss"] > 0 and e["samples"] == 8 * 256 for e in errors)
+
+
+@needs_gptqmodel
+def test_gptqmodel_artifact_loads_in_plain_transformers_with_quantkits_scores(
+    runs: dict[str, dict], smollm2: Path, tmp_path: Path
+) -> None:
+    """transformers (with optimum and GPTQModel installed, quantkit not imported) loads the GPTQ
+    checkpoint and scores the first eval windows as quantkit's evaluation did."""
+    from transformers import AutoTokenizer
+
+    from quantkit.calibration import eval_windows
+    from quantkit.specs import EvalSpec
+
+    run = runs["gptqmodel"]
+    windows = eval_windows(EvalSpec(num_windows=8, seq_len=256), AutoTokenizer.from_pretrained(smollm2))
+    assert windows.hash == run["eval"]["hash"]
+    ids = tmp_path / "ids.json"
+    ids.write_text(json.dumps(windows.ids[:2].tolist()))
+    artifact = str(Path(run["_path"]) / "artifact")
+    script = (
+        "import json, sys, torch\n"
+        "from transformers import AutoModelForCausalLM\n"
+        f"model = AutoModelForCausalLM.from_pretrained({artifact!r}, dtype=torch.float32)\n"
+        f"ids = torch.tensor(json.load(open({str(ids)!r})))\n"
+        "with torch.no_grad():\n"
+        "    logp = torch.log_softmax(model(ids).logits[:, :-1].float(), -1)\n"
+        "nll = -logp.gather(-1, ids[:, 1:, None])[..., 0].mean(-1)\n"
+        "assert 'quantkit' not in sys.modules\n"
+        "print(type(model.model.layers[0].mlp.down_proj).__name__, json.dumps(nll.tolist()))\n"
+    )
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    kernel, nll = result.stdout.strip().splitlines()[-1].split(" ", 1)
+    assert kernel != "Linear"  # a packed GPTQ kernel, not dequantized weights
+    scored = json.loads((Path(run["_path"]) / "eval_windows.json").read_text())["quantized"]["nll_mean"]
+    assert json.loads(nll) == pytest.approx(scored[:2], abs=2e-3)
+
+
+@needs_gptqmodel
+def test_report_shows_each_gptq_engine_in_the_method_column(runs: dict[str, dict], tmp_path: Path) -> None:
+    report = tmp_path / "r.json"
+    assert main(["report", runs["gptq"]["_path"], runs["gptqmodel"]["_path"], "-o", str(report)]) == 0
+    rows = json.loads(report.read_text())["rows"]
+    assert [row["method"] for row in rows] == ["none", "gptq (llmcompressor)", "gptq (gptqmodel)"]
