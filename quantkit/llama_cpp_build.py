@@ -18,7 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from quantkit.errors import BackendError, MissingDependencyError
-from quantkit.llama_cpp_convert import PACKAGE, bindings_version
+from quantkit.llama_cpp_convert import PACKAGE, bindings_version, download_sdist
 from quantkit.paths import cache_dir
 
 TOOLS = ("llama-server", "llama-perplexity")
@@ -54,7 +54,7 @@ def build_tool(tool: str, jobs: int = 2, log: Callable[[str], None] = lambda mes
     binary.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=binary.parent.parent) as tmp:
         log(f"building {tool} from the {PACKAGE} {version} sdist (a few minutes, once)")
-        source = _extract_sources(version, Path(tmp))
+        source = _extract_sources(Path(tmp))
         build = source / "build"
         server = "ON" if tool == "llama-server" else "OFF"
         _run([cmake, "-S", str(source), "-B", str(build), *_FLAGS, f"-DLLAMA_BUILD_SERVER={server}"], tool)
@@ -65,20 +65,14 @@ def build_tool(tool: str, jobs: int = 2, log: Callable[[str], None] = lambda mes
     return binary
 
 
-def _extract_sources(version: str, into: Path) -> Path:
+def _extract_sources(into: Path) -> Path:
     """llama.cpp's sources (``vendor/llama.cpp``) from the bindings' sdist, extracted under ``into``."""
-    pip = [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--no-binary", ":all:"]
-    result = subprocess.run([*pip, f"{PACKAGE}=={version}", "-d", str(into)], capture_output=True, text=True)
-    archives = list(into.glob("*.tar.gz"))
-    if result.returncode != 0 or not archives:
-        last = (result.stderr.strip().splitlines() or ["no sdist downloaded"])[-1]
-        raise BackendError(
-            f"cannot download the {PACKAGE} {version} sdist to build llama.cpp: {last}",
-            "go online once, or install llama.cpp yourself and put its tools on PATH",
-        )
-    with tarfile.open(archives[0]) as sdist:
-        members = [m for m in sdist.getmembers() if "/vendor/llama.cpp/" in m.name]
-        sdist.extractall(into, members=members, filter="data")
+    sdist = download_sdist(
+        into, "building llama.cpp", "go online once, or install llama.cpp yourself and put its tools on PATH"
+    )
+    with tarfile.open(sdist) as archive:
+        members = [m for m in archive.getmembers() if "/vendor/llama.cpp/" in m.name]
+        archive.extractall(into, members=members, filter="data")
     return next(into.glob("*/vendor/llama.cpp"))
 
 

