@@ -6,7 +6,7 @@ each, on the same recipe budget (W4 group 64, dampening 0.01 on both). Reported 
 quantize stage's median wall time (from the manifest), the process's peak RSS (GNU time; it
 includes the evaluation), KLD, perplexity and top-1 agreement against the shared baseline
 reference, and the calibration hash each engine was fed (they must be equal). Written to
-``bench/results/engines.json``. Needs the gptqmodel extra.
+``bench/results/engines.json``. Needs the gptqmodel extra (make installs it).
 
     .venv/bin/python bench/engines.py [--model smollm2-135m] [--samples 8] [--seq-len 256] [--repeats 1]
 """
