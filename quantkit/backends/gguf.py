@@ -22,6 +22,7 @@ from quantkit.progress import native_stderr_captured
 
 if TYPE_CHECKING:
     import numpy as np
+    import numpy.typing as npt
     from llama_cpp import llama_model_quantize_params
 
     from quantkit.gguf_types import GGUFTensor, Overrides
@@ -237,7 +238,7 @@ class GGUFBackend(Backend[GGUFOptions]):
         scheme, _ = self.describe()
         return Artifact(job.out_dir, "gguf", self.runtime, scheme, info.bits_per_weight, details)
 
-    def _imatrix(self, job: QuantizeJob, base: Path) -> dict[str, np.ndarray]:
+    def _imatrix(self, job: QuantizeJob, base: Path) -> dict[str, npt.NDArray[np.float32]]:
         from quantkit.backends import imatrix
 
         if job.calibration is None:
@@ -308,7 +309,7 @@ def _tensor_overrides(params: llama_model_quantize_params, overrides: Overrides,
 
 
 def _llama_quantize(
-    source: Path, target: Path, options: GGUFOptions, imatrix: dict[str, np.ndarray] | None
+    source: Path, target: Path, options: GGUFOptions, imatrix: dict[str, npt.NDArray[np.float32]] | None
 ) -> None:
     import llama_cpp
     import numpy as np
