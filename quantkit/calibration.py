@@ -186,10 +186,12 @@ def calibration_windows(spec: CalibrationSpec, tokenizer: PreTrainedTokenizerBas
 
 
 def eval_windows(spec: EvalSpec, tokenizer: PreTrainedTokenizerBase) -> TokenWindows:
-    """The first ``num_windows`` consecutive windows of the evaluation text, each led by the
+    """``num_windows`` consecutive windows of the evaluation text from ``first_window`` on, each led by the
     model's BOS when its tokenizer adds one (``quantkit.special_tokens``)."""
     bos = window_bos(tokenizer, spec.add_bos, "eval")
     stream = _token_stream(window_text(spec, tokenizer, "eval"), tokenizer, bos)
-    ids = _windows(stream, spec.seq_len, spec.num_windows, "eval", "eval", bos)[: spec.num_windows]
+    first = spec.first_window
+    ids = _windows(stream, spec.seq_len, first + spec.num_windows, "eval", "eval", bos)
+    ids = ids[first : first + spec.num_windows]
     source = source_digest(spec, "eval") | {"bos": bos}
     return TokenWindows(ids=ids, seq_len=spec.seq_len, hash=hash_ids(ids, bos), source=source)

@@ -217,7 +217,7 @@ class GGUFBackend(Backend[GGUFOptions]):
             job.log(f"quantizing to {options.type} with llama.cpp")
             with native_stderr_captured(job.verbose) as native_log:
                 try:
-                    _llama_quantize(base, out_file, options, imatrix)
+                    llama_quantize(base, out_file, options, imatrix)
                 except BackendError as err:
                     tail = " | ".join(line for line in native_log[-3:] if line.strip())
                     raise BackendError(f"{err.message}: {tail}" if tail else err.message, err.hint) from None
@@ -308,7 +308,7 @@ def _tensor_overrides(params: llama_model_quantize_params, overrides: Overrides,
     keep.append(entries)
 
 
-def _llama_quantize(
+def llama_quantize(
     source: Path, target: Path, options: GGUFOptions, imatrix: dict[str, npt.NDArray[np.float32]] | None
 ) -> None:
     import llama_cpp
