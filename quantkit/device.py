@@ -27,6 +27,16 @@ class DeviceChoice(str, Enum):
     cuda = "cuda"
 
 
+def cpu_threads() -> int:
+    """The CPU threads a run uses where none is set: ``OMP_NUM_THREADS`` when it is a positive
+    integer (torch honours it too, so llama.cpp and torch agree on a machine shared with other
+    jobs), else every core."""
+    import os
+
+    value = os.environ.get("OMP_NUM_THREADS", "")
+    return int(value) if value.isdigit() and int(value) > 0 else os.cpu_count() or 1
+
+
 def resolve_device(requested: str) -> str:
     """Map ``auto|cpu|cuda`` to a concrete device, refusing CUDA when there is none."""
     import torch

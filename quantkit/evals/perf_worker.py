@@ -7,12 +7,12 @@ A fresh process per model makes load time and peak memory honest: nothing else i
 from __future__ import annotations
 
 import importlib
-import os
 import statistics
 import sys
 import time
 from pathlib import Path
 
+from quantkit.device import cpu_threads
 from quantkit.evals.perf import WorkerSettings
 from quantkit.manifest import BenchSide
 
@@ -110,7 +110,7 @@ def measure(settings: WorkerSettings) -> BenchSide:
         weights_memory_bytes=max(loaded - before, 0),
         peak_memory_bytes=max(_peak_rss() - before, 0),
         memory_kind="rss",
-        threads=settings.threads or os.cpu_count() or 1,
+        threads=settings.threads or cpu_threads(),
         batched_decode_tok_s=batched,
         batch_size=batch if batched is not None else None,
     )

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import os
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar
 
+from quantkit.device import cpu_threads
 from quantkit.errors import ArtifactError, BackendError
 from quantkit.runtimes.base import DeviceMemory, Generation, Runtime, RuntimeSettings, ScoreRequest, Scores
 
@@ -86,7 +86,7 @@ class LlamaCppRuntime(Runtime):
                 n_batch=context,
                 n_ubatch=context,
                 logits_all=settings.scoring,
-                n_threads=settings.threads or os.cpu_count() or 1,
+                n_threads=settings.threads or cpu_threads(),
                 n_gpu_layers=-1 if settings.device == "cuda" and llama_supports_gpu_offload() else 0,
                 verbose=False,
             )

@@ -124,3 +124,28 @@ def test_peak_memory_is_the_workers_own_not_its_parents(tiny_model: Path) -> Non
     for side in (section.baseline, section.artifact):
         assert 0 < side.peak_memory_bytes < 500_000_000, side
         assert side.peak_memory_bytes >= side.weights_memory_bytes
+
+
+def test_the_workers_use_the_threads_omp_num_threads_allows(
+    tiny_model: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A job sharing the machine caps its threads with OMP_NUM_THREADS; the bench workers (and
+    llama.cpp, which does not read it itself) take every core otherwise."""
+    import os
+
+    spec = BenchSpec(prompt_lengths=[16], decode_tokens=2, repeats=1, batch_size=1)
+    target = perf.BenchTarget(tiny_model, "hf")
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    assert perf.measure(target, target, None, "cpu", spec).artifact.threads == 1
+    monkeypatch.delenv("OMP_NUM_THREADS")
+    assert perf.measure(target, target, None, "cpu", spec).artifact.threads == os.cpu_count()
+
+
+@pytest.mark.parametrize(("value", "expected"), [("1", 1), ("3", 3), ("0", None), ("x", None), ("", None)])
+def test_cpu_threads_reads_omp_num_threads(value: str, expected: int | None, monkeypatch) -> None:
+    import os
+
+    from quantkit.device import cpu_threads
+
+    monkeypatch.setenv("OMP_NUM_THREADS", value)
+    assert cpu_threads() == (expected or os.cpu_count())

@@ -12,6 +12,7 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 from typing import ClassVar
 
+from quantkit.device import cpu_threads
 from quantkit.progress import Reporter
 from quantkit.sweep.baseline import BaselineJob, BaselineOutcome, run_baseline_job
 from quantkit.sweep.spec import SweepSpec
@@ -45,7 +46,7 @@ class LocalExecutor:
     def threads(self) -> int | None:
         if self.jobs == 1 or self.gpus:
             return None
-        return max(1, (os.cpu_count() or 1) // self.jobs)
+        return max(1, cpu_threads() // self.jobs)
 
     def baselines(self, job: BaselineJob, reporter: Reporter) -> BaselineOutcome:
         return run_baseline_job(job, reporter)  # here, in the driver (it sees the runs' GPUs)
