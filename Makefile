@@ -45,8 +45,12 @@ typecheck: $(STAMP)
 browser:
 	test -x /usr/bin/chromium || (apt-get update -qq && apt-get install -y -qq chromium)
 
+# Two workers of one thread each (OMP_NUM_THREADS caps torch and llama.cpp alike), a test file
+# per worker at a time (its module fixtures are computed once): the single-threaded stretches
+# (imports, tokenizing, llama.cpp's converter, subprocesses) of one overlap the other's compute.
+TEST_WORKERS ?= 2
 pytest: $(STAMP) browser
-	$(BIN)/python -m pytest
+	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile
 
 test: lint typecheck pytest
 
