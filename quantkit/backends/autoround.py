@@ -77,6 +77,8 @@ class AutoRoundTuning(BackendOptions):
             "dynamic_max_gap": self.dynamic_max_gap,
             "enable_torch_compile": self.enable_torch_compile,
         }
+        if self.iters == 0:  # AutoRound's RTN mode: the tuning options would only be logged as ignored
+            kwargs = {key: kwargs[key] for key in ("iters", "batch_size", "enable_torch_compile")}
         layers = [name for name in self.ignore if name != "lm_head"]  # AutoRound never quantizes the head
         if layers:
             kwargs["ignore_layers"] = ",".join(layers)

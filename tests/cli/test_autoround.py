@@ -138,6 +138,9 @@ def test_each_output_type_validates_to_its_own_options() -> None:
     with_ignore = load_recipe("autoround-w4a16-g128", ["options.ignore=[lm_head,mlp.down_proj]"]).backend()
     assert with_ignore.options.tuning_kwargs()["ignore_layers"] == "mlp.down_proj"  # type: ignore[attr-defined]
     gguf = load_recipe("autoround-gguf-q4_k_m", []).backend()
+    assert gguf.options.tuning_kwargs() == {  # type: ignore[attr-defined]
+        "iters": 0, "batch_size": 8, "enable_torch_compile": False,
+    }  # fmt: skip
     assert type(gguf) is AutoRoundGGUFBackend and gguf.runtime == "llamacpp"
     assert gguf.describe() == ("Q4_K_M (AutoRound)", 4.89)
     assert "bits" not in load_recipe("autoround-gguf-q4_k_m", []).options
