@@ -83,14 +83,19 @@ class BlockRecorder:
 @contextmanager
 def _recording(recorder: BlockRecorder) -> Iterator[None]:
     """Route the SignRound quantizer's block, loss and step methods through ``recorder``."""
+    import inspect
+
     from auto_round.algorithms.quantization.sign_round.quantizer import SignRoundQuantizer
 
     quantize_block = SignRoundQuantizer.quantize_block
     get_loss = SignRoundQuantizer._get_loss
     step = SignRoundQuantizer._step
 
+    signature = inspect.signature(quantize_block)
+
     def on_block(self: SignRoundQuantizer, block: object, *args: object, **kwargs: object) -> object:
-        context = kwargs.get("block_ctx")
+        # AutoRound's composer passes the block context positionally
+        context = signature.bind(self, block, *args, **kwargs).arguments.get("block_ctx")
         index = int(getattr(context, "block_index", 0))
         recorder.start(index)
         result = quantize_block(self, block, *args, **kwargs)

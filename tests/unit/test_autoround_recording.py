@@ -1,0 +1,52 @@
+"""The AutoRound driver's per-block record: progress and losses from AutoRound's SignRound
+quantizer's own methods, called as AutoRound's composer calls them (block context positional)."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+from conftest import require_extra
+
+require_extra("auto_round", "autoround")
+
+
+def test_blocks_losses_and_steps_are_recorded_as_the_composer_calls_them(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import torch
+    from auto_round.algorithms.quantization.sign_round.quantizer import SignRoundQuantizer
+
+    from quantkit.backends.autoround_run import BlockRecorder, _recording
+    from quantkit.backends.base import QuantizeJob
+
+    losses = {0: [[4.0, 2.0], [3.0, 1.0], [5.0, 5.0]], 1: [[1.0], [2.0]]}  # per block: steps of batches
+
+    def quantize_block(self, block, fp_inputs, input_others, fp_outputs, q_inputs, block_ctx, input_ids=None):
+        for step, batches in enumerate(losses[block_ctx.block_index]):
+            for value in batches:
+                self._get_loss(torch.tensor(value))
+            if step < len(losses[block_ctx.block_index]) - 1:  # the last step may stop before _step
+                self._step(None, None, None)
+        return {}
+
+    monkeypatch.setattr(SignRoundQuantizer, "quantize_block", quantize_block)
+    monkeypatch.setattr(SignRoundQuantizer, "_get_loss", lambda self, loss, *args, **kwargs: loss)
+    monkeypatch.setattr(SignRoundQuantizer, "_step", lambda self, *args: None)
+    started: list[int] = []
+    job = QuantizeJob(model_path=None, out_dir=None, device="cpu", seed=0, on_layer=started.append)  # type: ignore[arg-type]
+    recorder = BlockRecorder(job, ["model.layers.0", "model.layers.1"])
+    quantizer = object.__new__(SignRoundQuantizer)
+    with _recording(recorder):
+        for index in (0, 1):  # the composer passes the block context positionally
+            SignRoundQuantizer.quantize_block(
+                quantizer, "block", [], {}, [], None, SimpleNamespace(block_index=index)
+            )
+    assert SignRoundQuantizer.quantize_block is quantize_block  # restored
+    assert started == [0, 1]
+    assert recorder.rows == [
+        {"module": "model.layers.0", "method": "AutoRound", "initial_loss": 3.0, "best_loss": 2.0,
+         "best_iter": 1, "iters": 3},
+        {"module": "model.layers.1", "method": "AutoRound", "initial_loss": 1.0, "best_loss": 1.0,
+         "best_iter": 0, "iters": 2},
+    ]  # fmt: skip
