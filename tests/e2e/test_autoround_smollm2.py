@@ -52,8 +52,9 @@ def runs(session_cache: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[
     manifests = {}
     for name, args in RUNS.items():
         out = root / name
-        # AutoRound W4 passes its recipe's gate (max_kld 0.35, GPTQ's), both Q4_K_M theirs (0.2)
-        assert main(["quantize", args[0], "--out", str(out), *E2E_BUDGET, *args[1:]]) == 0
+        # 1: a gate failed, the run is complete (checked per run below, so one run's gate does
+        # not hide the others' checks)
+        assert main(["quantize", args[0], "--out", str(out), *E2E_BUDGET, *args[1:]]) in (0, 1)
         manifests[name] = json.loads((out / "manifest.json").read_text()) | {"_path": str(out)}
     return manifests
 
