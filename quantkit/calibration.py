@@ -13,6 +13,7 @@ from quantkit.tokens import TokenWindows, hash_ids
 
 if TYPE_CHECKING:
     import numpy as np
+    import numpy.typing as npt
     from transformers import PreTrainedTokenizerBase
 
     from quantkit.jsontypes import JsonDict
@@ -116,7 +117,7 @@ def window_text(
     return "\n\n".join(texts)
 
 
-def _token_stream(text: str, tokenizer: PreTrainedTokenizerBase, bos: int | None) -> np.ndarray:
+def _token_stream(text: str, tokenizer: PreTrainedTokenizerBase, bos: int | None) -> npt.NDArray[np.int64]:
     """The text as one stream of ids, led by ``bos`` when set."""
     import numpy as np
 
@@ -125,8 +126,8 @@ def _token_stream(text: str, tokenizer: PreTrainedTokenizerBase, bos: int | None
 
 
 def _windows(
-    stream: np.ndarray, seq_len: int, wanted: int, role: Role, what: str, bos: int | None
-) -> np.ndarray:
+    stream: npt.NDArray[np.int64], seq_len: int, wanted: int, role: Role, what: str, bos: int | None
+) -> npt.NDArray[np.int64]:
     """Consecutive ``seq_len`` slices of ``stream``; with ``bos``, each one's first token is
     replaced by it (llama-perplexity's rule: the targets stay those of the plain slices)."""
     chunks = _chunks(stream, seq_len, wanted, role, what)
@@ -135,7 +136,9 @@ def _windows(
     return chunks
 
 
-def _chunks(stream: np.ndarray, seq_len: int, wanted: int, role: Role, what: str) -> np.ndarray:
+def _chunks(
+    stream: npt.NDArray[np.int64], seq_len: int, wanted: int, role: Role, what: str
+) -> npt.NDArray[np.int64]:
     count = len(stream) // seq_len
     if count == 0:
         raise CalibrationError(
@@ -183,10 +186,12 @@ def calibration_windows(spec: CalibrationSpec, tokenizer: PreTrainedTokenizerBas
 
 
 def eval_windows(spec: EvalSpec, tokenizer: PreTrainedTokenizerBase) -> TokenWindows:
-    """The first ``num_windows`` consecutive windows of the evaluation text, each led by the
+    """``num_windows`` consecutive windows of the evaluation text from ``first_window`` on, each led by the
     model's BOS when its tokenizer adds one (``quantkit.special_tokens``)."""
     bos = window_bos(tokenizer, spec.add_bos, "eval")
     stream = _token_stream(window_text(spec, tokenizer, "eval"), tokenizer, bos)
-    ids = _windows(stream, spec.seq_len, spec.num_windows, "eval", "eval", bos)[: spec.num_windows]
+    first = spec.first_window
+    ids = _windows(stream, spec.seq_len, first + spec.num_windows, "eval", "eval", bos)
+    ids = ids[first : first + spec.num_windows]
     source = source_digest(spec, "eval") | {"bos": bos}
     return TokenWindows(ids=ids, seq_len=spec.seq_len, hash=hash_ids(ids, bos), source=source)

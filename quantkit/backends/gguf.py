@@ -22,6 +22,7 @@ from quantkit.progress import native_stderr_captured
 
 if TYPE_CHECKING:
     import numpy as np
+    import numpy.typing as npt
     from llama_cpp import llama_model_quantize_params
 
     from quantkit.gguf_types import GGUFTensor, Overrides
@@ -216,7 +217,7 @@ class GGUFBackend(Backend[GGUFOptions]):
             job.log(f"quantizing to {options.type} with llama.cpp")
             with native_stderr_captured(job.verbose) as native_log:
                 try:
-                    _llama_quantize(base, out_file, options, imatrix)
+                    llama_quantize(base, out_file, options, imatrix)
                 except BackendError as err:
                     tail = " | ".join(line for line in native_log[-3:] if line.strip())
                     raise BackendError(f"{err.message}: {tail}" if tail else err.message, err.hint) from None
@@ -237,7 +238,7 @@ class GGUFBackend(Backend[GGUFOptions]):
         scheme, _ = self.describe()
         return Artifact(job.out_dir, "gguf", self.runtime, scheme, info.bits_per_weight, details)
 
-    def _imatrix(self, job: QuantizeJob, base: Path) -> dict[str, np.ndarray]:
+    def _imatrix(self, job: QuantizeJob, base: Path) -> dict[str, npt.NDArray[np.float32]]:
         from quantkit.backends import imatrix
 
         if job.calibration is None:
@@ -307,8 +308,8 @@ def _tensor_overrides(params: llama_model_quantize_params, overrides: Overrides,
     keep.append(entries)
 
 
-def _llama_quantize(
-    source: Path, target: Path, options: GGUFOptions, imatrix: dict[str, np.ndarray] | None
+def llama_quantize(
+    source: Path, target: Path, options: GGUFOptions, imatrix: dict[str, npt.NDArray[np.float32]] | None
 ) -> None:
     import llama_cpp
     import numpy as np

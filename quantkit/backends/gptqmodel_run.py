@@ -15,6 +15,7 @@ if TYPE_CHECKING:
 
     import torch
     from pydantic import JsonValue
+    from transformers import PretrainedConfig
 
     from quantkit.backends.base import QuantizeJob
     from quantkit.tokens import TokenWindows
@@ -131,6 +132,24 @@ def store_unquantized_in(folder: Path, dtype: torch.dtype) -> None:
     config_path.write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
 
 
+def restore_rope_parameters(config: PretrainedConfig, job: QuantizeJob) -> None:
+    """Put the source model's RoPE parameters back on ``config`` (the model GPTQModel loaded).
+
+    GPTQModel 7.6 registers a ``"default"`` RoPE initializer for transformers 5 that calls
+    ``standardize_rope_params`` while the model is built; on a config with one RoPE entry per
+    layer type (Gemma 3: ``sliding_attention``, ``full_attention``) that adds top-level
+    ``rope_type``/``rope_theta`` beside the entries, and transformers then refuses to save the
+    config. The rotary embeddings are computed from the per-layer entries before that, so only the
+    saved config needs the repair."""
+    from transformers import AutoConfig
+
+    source = AutoConfig.from_pretrained(str(job.model_path), trust_remote_code=job.trust_remote_code)
+    source = source.get_text_config() if hasattr(source, "get_text_config") else source
+    wanted = getattr(source, "rope_parameters", None)
+    if wanted is not None and getattr(config, "rope_parameters", None) != wanted:
+        config.rope_parameters = wanted
+
+
 def run_gptqmodel(job: QuantizeJob, quantize_config: dict[str, JsonValue]) -> dict[str, JsonValue]:
     """Quantize ``job.model_path`` with GPTQModel (``quantize_config``: its QuantizeConfig's
     fields) on ``job.calibration``'s ids into ``job.out_dir``; the artifact's details."""
@@ -178,6 +197,7 @@ def _quantize_and_save(
                 "rerun with QUANTKIT_DEBUG=1 for the traceback",
             ) from err
     job.log("saving the GPTQ checkpoint")
+    restore_rope_parameters(model.model.config, job)
     model.save(str(job.out_dir))
     store_unquantized_in(job.out_dir, source_dtype(job.model_path))
     return {

@@ -14,6 +14,7 @@ from quantkit.errors import BackendError
 
 if TYPE_CHECKING:
     import numpy as np
+    import numpy.typing as npt
 
     from quantkit.calibration import TokenWindows
 
@@ -22,12 +23,12 @@ if TYPE_CHECKING:
 class ImportanceMatrix:
     """``sums[name]``: Σ x² per input column; ``counts[name]``: tokens seen."""
 
-    sums: dict[str, np.ndarray]
+    sums: dict[str, npt.NDArray[np.float32]]
     counts: dict[str, int]
     chunk_size: int
     chunks: int
 
-    def means(self) -> dict[str, np.ndarray]:
+    def means(self) -> dict[str, npt.NDArray[np.float32]]:
         return {name: (values / self.counts[name]).astype("float32") for name, values in self.sums.items()}
 
 

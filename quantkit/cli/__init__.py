@@ -8,7 +8,20 @@ import sys
 import typer
 
 from quantkit import __version__
-from quantkit.cli import backends, bench, eval, gate, plan, quantize, recipes, report, runs, serve, sweep
+from quantkit.cli import (
+    backends,
+    bench,
+    eval,
+    gate,
+    plan,
+    quantize,
+    recipes,
+    report,
+    runs,
+    search,
+    serve,
+    sweep,
+)
 from quantkit.errors import QuantkitError
 
 app = typer.Typer(
@@ -25,6 +38,8 @@ app.command("bench")(bench.bench)
 app.command("plan")(plan.plan)
 app.command("eval")(eval.eval_tasks)
 app.command("sweep")(sweep.sweep)
+app.command("sensitivity")(search.sensitivity)
+app.command("search")(search.search)
 app.command("serve")(serve.serve)
 app.add_typer(recipes.app, name="recipes")
 app.add_typer(backends.app, name="backends")

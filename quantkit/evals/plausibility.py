@@ -29,6 +29,7 @@ from quantkit.errors import UserInputError
 
 if TYPE_CHECKING:
     import numpy as np
+    import numpy.typing as npt
 
 MIN_TOKENS = 512
 
@@ -42,7 +43,7 @@ class ImplausibleBaselineError(UserInputError):
     """The unquantized model does not model the eval text: its figures would mean nothing."""
 
 
-def unigram_figures(targets: np.ndarray) -> dict[str, float]:
+def unigram_figures(targets: npt.NDArray[np.int64]) -> dict[str, float]:
     """The unigram perplexity and the constant guess's top-1 accuracy (%) on ``targets``."""
     import numpy as np
 

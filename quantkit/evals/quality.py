@@ -31,9 +31,10 @@ from quantkit.window_scores import BaselineWindows, QuantizedWindows, WindowScor
 
 if TYPE_CHECKING:
     import numpy as np
+    import numpy.typing as npt
 
     from quantkit.evals.reference import Reference
-    from quantkit.runtimes.base import Runtime, ScoreRequest, Scores
+    from quantkit.runtimes.base import LogProbs, Runtime, ScoreRequest, Scores, TokenIds
     from quantkit.tokens import TokenWindows
 
 _TINY = 1e-30
@@ -43,11 +44,11 @@ _TINY = 1e-30
 class PositionScores:
     """Per-position arrays [N, L-1] for one model against the reference."""
 
-    nll: np.ndarray
-    kld: np.ndarray
-    top1_match: np.ndarray
-    delta_p: np.ndarray
-    correct: np.ndarray  # the artifact's argmax is the actual next token
+    nll: npt.NDArray[np.float64]
+    kld: npt.NDArray[np.float64]
+    top1_match: npt.NDArray[np.bool_]
+    delta_p: npt.NDArray[np.float64]
+    correct: npt.NDArray[np.bool_]  # the artifact's argmax is the actual next token
 
     def at(self, positions: slice) -> PositionScores:
         """Only the predicted ``positions`` of every window (see ``scored_positions``)."""
@@ -72,7 +73,7 @@ def scored_positions(protocol: str, seq_len: int) -> slice:
     raise ValueError(f"unknown scoring protocol {protocol!r}")
 
 
-def estimated_reference_logprobs(scores: Scores, reference_ids: np.ndarray) -> np.ndarray:
+def estimated_reference_logprobs(scores: Scores, reference_ids: TokenIds) -> npt.NDArray[np.float64]:
     """log q of the reference's ids from a runtime's own top-k only.
 
     An id in the runtime's top-k gets its exact log-prob. The ``m`` ids missing from it share
@@ -93,7 +94,9 @@ def estimated_reference_logprobs(scores: Scores, reference_ids: np.ndarray) -> n
     return np.where(found, exact, np.log(np.clip(share, _TINY, None))[..., None])
 
 
-def topk_kld(reference: Reference, rows: slice, q_ref: np.ndarray, q_rest: np.ndarray | None) -> np.ndarray:
+def topk_kld(
+    reference: Reference, rows: slice, q_ref: LogProbs, q_rest: LogProbs | None
+) -> npt.NDArray[np.float64]:
     """Per-position KLD of the top-k + residual estimator for reference ``rows``; ``q_rest`` is
     the artifact's log mass outside the reference's ids (derived from ``q_ref`` when None)."""
     import numpy as np
@@ -111,8 +114,8 @@ def topk_kld(reference: Reference, rows: slice, q_ref: np.ndarray, q_rest: np.nd
 
 
 def sampled_kld(
-    reference: Reference, rows: slice, q_top: np.ndarray, q_tail: np.ndarray, q_rest_asked: np.ndarray
-) -> np.ndarray:
+    reference: Reference, rows: slice, q_top: LogProbs, q_tail: LogProbs, q_rest_asked: LogProbs
+) -> npt.NDArray[np.float64]:
     """Per-position KLD: exact over the reference's top-k ids, plus the tail from its sample.
 
     ``q_top``/``q_tail``: the artifact's log-probs of the top-k and tail-sample ids;
@@ -216,7 +219,7 @@ def score(
     )
 
 
-def baseline_metrics(reference: Reference, targets: np.ndarray) -> dict[str, float]:
+def baseline_metrics(reference: Reference, targets: npt.NDArray[np.int64]) -> dict[str, float]:
     """The baseline's own perplexity and top-1 accuracy (from its reference), the token count,
     and the context-free bars on the same ``targets`` (the tokens the reference predicts)."""
     from quantkit.evals.plausibility import unigram_figures
@@ -231,7 +234,7 @@ def baseline_metrics(reference: Reference, targets: np.ndarray) -> dict[str, flo
     }
 
 
-def targets(windows: TokenWindows, positions: slice) -> np.ndarray:
+def targets(windows: TokenWindows, positions: slice) -> npt.NDArray[np.int64]:
     """The actual next tokens at the predicted ``positions`` of every window."""
     import numpy as np
 

@@ -17,6 +17,7 @@ from quantkit.paths import cache_dir
 
 if TYPE_CHECKING:
     import numpy as np
+    import numpy.typing as npt
 
     from quantkit.device import BaselineDtype
     from quantkit.runtimes.base import Runtime
@@ -29,13 +30,13 @@ REFERENCE_VERSION = 2  # 2: tail samples
 class Reference:
     """Per window and predicted position (``L - 1`` of them): the baseline's view."""
 
-    topk_logprobs: np.ndarray  # float32 [N, L-1, k], sorted descending
-    topk_ids: np.ndarray  # int32 [N, L-1, k]
-    rest_logmass: np.ndarray  # float32 [N, L-1]: log(1 - sum of top-k probs)
-    target_logprobs: np.ndarray  # float32 [N, L-1]: log p(actual next token)
+    topk_logprobs: npt.NDArray[np.float32]  # [N, L-1, k], sorted descending
+    topk_ids: npt.NDArray[np.int32]  # [N, L-1, k]
+    rest_logmass: npt.NDArray[np.float32]  # [N, L-1]: log(1 - sum of top-k probs)
+    target_logprobs: npt.NDArray[np.float32]  # [N, L-1]: log p(actual next token)
     key: str
-    tail_ids: np.ndarray | None = None  # int32 [N, L-1, m]: drawn ∝ p outside the top-k
-    tail_logprobs: np.ndarray | None = None  # float32 [N, L-1, m]: their log p
+    tail_ids: npt.NDArray[np.int32] | None = None  # [N, L-1, m]: drawn ∝ p outside the top-k
+    tail_logprobs: npt.NDArray[np.float32] | None = None  # [N, L-1, m]: their log p
 
     @property
     def top_k(self) -> int:
@@ -43,18 +44,14 @@ class Reference:
 
     def at(self, positions: slice) -> Reference:
         """The reference at the predicted ``positions`` of every window only."""
-
-        def cut(array: np.ndarray | None) -> np.ndarray | None:
-            return None if array is None else array[:, positions]
-
         return Reference(
             topk_logprobs=self.topk_logprobs[:, positions],
             topk_ids=self.topk_ids[:, positions],
             rest_logmass=self.rest_logmass[:, positions],
             target_logprobs=self.target_logprobs[:, positions],
             key=self.key,
-            tail_ids=cut(self.tail_ids),
-            tail_logprobs=cut(self.tail_logprobs),
+            tail_ids=None if self.tail_ids is None else self.tail_ids[:, positions],
+            tail_logprobs=None if self.tail_logprobs is None else self.tail_logprobs[:, positions],
         )
 
     @property

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import numpy as np
+    import numpy.typing as npt
 
 # Resample this many window indices at a time at most (bounds memory for huge B x n).
 MAX_CHUNK_ELEMENTS = 2_000_000
@@ -42,7 +43,7 @@ class Interval:
         return self.low <= value <= self.high
 
 
-def _as_windows(values: Any, name: str) -> np.ndarray:
+def _as_windows(values: Any, name: str) -> npt.NDArray[np.float64]:
     import numpy as np
 
     array = np.asarray(values, dtype=np.float64)
@@ -62,7 +63,7 @@ def _check_options(confidence: float, samples: int) -> None:
         raise ValueError(f"bootstrap samples must be at least 1, got {samples}")
 
 
-def resampled_means(values: Any, samples: int = 2000, seed: int = 0) -> np.ndarray:
+def resampled_means(values: Any, samples: int = 2000, seed: int = 0) -> npt.NDArray[np.float64]:
     """Means of ``values`` over ``samples`` bootstrap resamples of its windows (shape [samples])."""
     import numpy as np
 
@@ -78,7 +79,7 @@ def resampled_means(values: Any, samples: int = 2000, seed: int = 0) -> np.ndarr
     return out
 
 
-def _percentile_interval(statistics: np.ndarray, confidence: float) -> Interval:
+def _percentile_interval(statistics: npt.NDArray[np.float64], confidence: float) -> Interval:
     import numpy as np
 
     alpha = (1.0 - confidence) / 2.0

@@ -22,11 +22,19 @@ if TYPE_CHECKING:
     from collections.abc import Iterable
 
     import numpy as np
+    import numpy.typing as npt
     import torch
     from typing_extensions import Self
 
     from quantkit.device import BaselineDtype
     from quantkit.jsontypes import JsonDict
+
+# The arrays of the scoring contract. Token ids quantkit sends are int64. What a runtime returns
+# is float32 log-probs and int32 ids from the in-process ones (torch), float64 and int64 from an
+# endpoint's JSON; readers convert (``astype``) before they compute.
+TokenIds: TypeAlias = "npt.NDArray[np.int64]"
+LogProbs: TypeAlias = "npt.NDArray[np.float32] | npt.NDArray[np.float64]"
+Ids: TypeAlias = "npt.NDArray[np.int32] | npt.NDArray[np.int64]"
 
 
 @dataclass(frozen=True)
@@ -53,9 +61,9 @@ class RuntimeSettings:
 class ScoreRequest:
     """Token windows to score: ``ids`` [B, L]; predictions are for positions 1..L-1."""
 
-    ids: np.ndarray
+    ids: TokenIds
     top_k: int = 1
-    reference_ids: np.ndarray | None = None  # [B, L-1, k]; only for runtimes with scores_any_token
+    reference_ids: TokenIds | None = None  # [B, L-1, k]; only for runtimes with scores_any_token
     # Also draw this many ids per position from the distribution outside the own top-k
     # (systematic sampling, seeded): the baseline reference's tail sample. Full-distribution
     # runtimes only.
@@ -67,16 +75,16 @@ class ScoreRequest:
 class Scores:
     """Per window and predicted position (``L - 1`` of them)."""
 
-    target_logprobs: np.ndarray  # float [B, L-1]: log q(actual next token)
-    topk_ids: np.ndarray  # int [B, L-1, k]: the runtime's own most likely ids, descending
-    topk_logprobs: np.ndarray  # float [B, L-1, k]
-    rest_logmass: np.ndarray | None = None  # float [B, L-1]: log(1 - Σ top-k q), when known
-    reference_logprobs: np.ndarray | None = None  # float [B, L-1, k_ref]: log q of the asked ids
-    reference_rest_logmass: np.ndarray | None = None  # float [B, L-1]: log(1 - Σ q of asked ids)
-    tail_ids: np.ndarray | None = None  # int [B, L-1, m]: ids drawn ∝ q outside the own top-k
-    tail_logprobs: np.ndarray | None = None  # float [B, L-1, m]: their log q
+    target_logprobs: LogProbs  # [B, L-1]: log q(actual next token)
+    topk_ids: Ids  # [B, L-1, k]: the runtime's own most likely ids, descending
+    topk_logprobs: LogProbs  # [B, L-1, k]
+    rest_logmass: LogProbs | None = None  # [B, L-1]: log(1 - Σ top-k q), when known
+    reference_logprobs: LogProbs | None = None  # [B, L-1, k_ref]: log q of the asked ids
+    reference_rest_logmass: LogProbs | None = None  # [B, L-1]: log(1 - Σ q of asked ids)
+    tail_ids: Ids | None = None  # [B, L-1, m]: ids drawn ∝ q outside the own top-k
+    tail_logprobs: LogProbs | None = None  # [B, L-1, m]: their log q
 
-    def residual_logmass(self) -> np.ndarray:
+    def residual_logmass(self) -> npt.NDArray[np.float64]:
         """log of the probability outside the own top-k: exact when the runtime gave it,
         else ``log(1 - Σ top-k q)`` (floored at 1e-30)."""
         import numpy as np
@@ -196,22 +204,28 @@ def scores_from_logits(
             for key, value in _chunk_scores(lp, ids[index, start + 1 : stop + 1], asked, request, generator):
                 parts.setdefault(key, []).append(value)
 
-    def joined(key: str) -> np.ndarray:
+    def joined(key: str) -> torch.Tensor:
         per_row: list[torch.Tensor] = parts[key]
-        return torch.cat(per_row).reshape(len(ids), -1, *per_row[0].shape[1:]).numpy()
+        return torch.cat(per_row).reshape(len(ids), -1, *per_row[0].shape[1:])
+
+    def floats(key: str) -> npt.NDArray[np.float32]:  # every log-prob part is float32
+        return joined(key).numpy()
+
+    def ints(key: str) -> npt.NDArray[np.int32]:  # ids are cast to int32 in _chunk_scores
+        return joined(key).numpy()
 
     scores = Scores(
-        target_logprobs=joined("target"),
-        topk_ids=joined("topk_ids"),
-        topk_logprobs=joined("topk"),
-        rest_logmass=joined("rest"),
+        target_logprobs=floats("target"),
+        topk_ids=ints("topk_ids"),
+        topk_logprobs=floats("topk"),
+        rest_logmass=floats("rest"),
     )
     if asked_all is not None:
-        scores.reference_logprobs = joined("asked")
-        scores.reference_rest_logmass = joined("asked_rest")
+        scores.reference_logprobs = floats("asked")
+        scores.reference_rest_logmass = floats("asked_rest")
     if request.tail_samples:
-        scores.tail_ids = joined("tail_ids")
-        scores.tail_logprobs = joined("tail")
+        scores.tail_ids = ints("tail_ids")
+        scores.tail_logprobs = floats("tail")
     return scores
 
 

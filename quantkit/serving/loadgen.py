@@ -22,6 +22,8 @@ from quantkit.errors import UserInputError
 from quantkit.serving.stats import LevelResult, RequestRecord, Slo, summarize
 
 if TYPE_CHECKING:
+    import numpy as np
+    import numpy.typing as npt
     from openai import AsyncOpenAI
 
     from quantkit.serving.endpoint import Endpoint
@@ -151,7 +153,7 @@ async def _level(
     client = endpoint.client()
     records = [RequestRecord(prompt_tokens=p.tokens) for p in prompts]
     limit = asyncio.Semaphore(level.concurrency or len(prompts))
-    arrivals = np.zeros(len(prompts))
+    arrivals: npt.NDArray[np.float64] = np.zeros(len(prompts))  # seconds after the level's start
     if level.rate is not None:  # Poisson arrivals (vLLM's burstiness 1), the first at once
         gaps = np.random.default_rng(seed).exponential(1.0 / level.rate, size=len(prompts))
         arrivals = np.concatenate([[0.0], np.cumsum(gaps[1:])])

@@ -10,13 +10,18 @@ from quantkit.serving.loadgen import Prompt
 
 if TYPE_CHECKING:
     import numpy as np
+    import numpy.typing as npt
     from transformers import PreTrainedTokenizerBase
 
 POOL = 16  # distinct prompts per length
 
 
 def prompt_pools(
-    tokenizer: PreTrainedTokenizerBase, ids: np.ndarray, lengths: list[int], seed: int, bos: int | None
+    tokenizer: PreTrainedTokenizerBase,
+    ids: npt.NDArray[np.int64],
+    lengths: list[int],
+    seed: int,
+    bos: int | None,
 ) -> dict[int, list[Prompt]]:
     """``POOL`` prompts per length from the token stream ``ids`` (windows flattened, BOS dropped)."""
     import numpy as np

@@ -21,20 +21,23 @@ echo scores token i with the distribution that predicts token i + 1), or early, 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, ClassVar, Literal
+from typing import TYPE_CHECKING, ClassVar, Literal, TypeAlias
 
 from quantkit.errors import UserInputError
 
 if TYPE_CHECKING:
     import numpy as np
+    import numpy.typing as npt
     from openai import OpenAI
     from transformers import PreTrainedTokenizerBase
 
     from quantkit.evals.reference import Reference
-    from quantkit.runtimes.base import ScoreRequest, Scores
+    from quantkit.runtimes.base import Ids, ScoreRequest, Scores
     from quantkit.serving.endpoint import Endpoint, ServerInfo
 
 Protocol = Literal["prompt_logprobs", "echo"]
+# One window's target log-probs [L-1], top-k ids [L-1, k] and top-k log-probs [L-1, k]
+_WindowScores: TypeAlias = "tuple[npt.NDArray[np.float64], npt.NDArray[np.int64], npt.NDArray[np.float64]]"
 MIN_AGREEMENT = 0.2  # the served top-1 must match the baseline's this often at its own position
 MARGIN = 2.0  # ... and this many times more often than one position over
 
@@ -68,7 +71,7 @@ class Alignment:
         )
 
 
-def alignment(served_top1: np.ndarray, reference_top1: np.ndarray) -> Alignment:
+def alignment(served_top1: Ids, reference_top1: Ids) -> Alignment:
     """Agreement of ``served_top1`` [B, T] with ``reference_top1`` [B, T] at offsets -1, 0, +1."""
     import numpy as np
 
@@ -129,7 +132,7 @@ class EndpointScorer:
 
     # -- one window ------------------------------------------------------------------------
 
-    def _window(self, ids: list[int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def _window(self, ids: list[int]) -> _WindowScores:
         """(target log-probs [L-1], top-k ids [L-1, k], top-k log-probs [L-1, k])."""
         if self.protocol in (None, "prompt_logprobs"):
             parsed = self._prompt_logprobs(ids)
@@ -181,7 +184,7 @@ class EndpointScorer:
             return None
         return response.choices[0].model_dump()
 
-    def _prompt_logprobs(self, ids: list[int]) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    def _prompt_logprobs(self, ids: list[int]) -> _WindowScores | None:
         import numpy as np
 
         choice = self._post(ids, {"prompt_logprobs": self.top_k})
@@ -208,7 +211,7 @@ class EndpointScorer:
                 top_ids[position - 1, column], top_lp[position - 1, column] = token, value
         return target, top_ids, top_lp
 
-    def _echo(self, ids: list[int]) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    def _echo(self, ids: list[int]) -> _WindowScores | None:
         import numpy as np
 
         echo: dict[str, object] = {"echo": True, "logprobs": self.top_k}

@@ -1,9 +1,11 @@
 """GPTQ engines (options.engine): each engine's own options and bit widths, refused with the
 engine that has them named; a missing engine refused before any model is resolved or loaded.
-None of these needs GPTQModel installed: all are refused before it would be imported."""
+The refusals need no GPTQModel: all happen before it would be imported; the Gemma 3 run needs it
+(make test installs it)."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -132,3 +134,29 @@ def test_the_method_column_names_the_engine_that_ran() -> None:
         update={"recipe": manifest.recipe.model_copy(update={"options": {"engine": "llmcompressor"}})}
     )
     assert method_label(resolved) == "gptq (llmcompressor)"  # a run made before the engine was recorded
+
+
+def test_gptqmodel_quantizes_gemma3_and_keeps_its_per_layer_type_rope(tmp_path: Path) -> None:
+    """GPTQModel 7.6's RoPE shim for transformers 5 runs ``standardize_rope_params`` on Gemma 3's
+    config while loading it, which adds top-level ``rope_type``/``rope_theta`` beside the per
+    layer-type entries; transformers then refused to save the quantized model's config
+    ("'str' object has no attribute 'get'"), so GPTQModel failed on every Gemma 3. A two-layer
+    random Gemma 3 (one sliding-window layer, one global): the run succeeds and the saved config
+    keeps exactly the source's RoPE parameters. ~30 s."""
+    pytest.importorskip("gptqmodel", reason="the gptqmodel extra (make test installs it)")
+    from quantkit.testing import make_tiny_gemma3
+
+    model = make_tiny_gemma3(tmp_path / "tiny-gemma3")
+    source = json.loads((model / "config.json").read_text())["rope_parameters"]
+    out = tmp_path / "q"
+    result = quantkit(
+        "quantize", "gptq-w4a16-g128-gptqmodel", "--model", str(model), "--out", str(out),
+        "--set", "options.group_size=32",
+        "--set", "calibration.num_samples=4", "--set", "calibration.seq_len=64",
+        "--set", "eval.num_windows=2", "--set", "eval.seq_len=64", "--set", "gates.max_kld=null",
+        "--device", "cpu", "--no-bench", cwd=tmp_path,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-2000:]
+    saved = json.loads((out / "artifact" / "config.json").read_text())
+    assert saved["rope_parameters"] == source
+    assert saved["quantization_config"]["bits"] == 4 and saved["quantization_config"]["group_size"] == 32

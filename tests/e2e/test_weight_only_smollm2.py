@@ -21,7 +21,7 @@ pytestmark = pytest.mark.slow
 MIN_RECOVERY = 70
 
 
-# GPTQ's second engine runs where it is installed (the gptqmodel extra); its tests skip otherwise.
+# GPTQ's second engine: make test installs it (the gptqmodel extra); its tests skip where it is absent.
 HAS_GPTQMODEL = importlib.util.find_spec("gptqmodel") is not None
 needs_gptqmodel = pytest.mark.skipif(
     not HAS_GPTQMODEL, reason="GPTQModel is not installed (quantkit[gptqmodel])"

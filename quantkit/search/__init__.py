@@ -1,0 +1,1 @@
+"""Sensitivity profiles and recipe search (GGUF per-tensor mixes)."""

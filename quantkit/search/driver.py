@@ -1,0 +1,367 @@
+"""`quantkit search`: the smallest GGUF per-tensor mix that meets a quality budget.
+
+1. A sensitivity profile: the proxy (one pass over the calibration windows), or a saved
+   ``quantkit sensitivity`` profile (its measured units calibrate the proxy).
+2. The greedy demotion path (``quantkit.search.mix``): from every tensor at ``base`` to every
+   tensor at the fewest bits, the least sensitive bits first.
+3. Candidates on the path evaluated for real as one sweep (one baseline reference): the first at
+   the predicted budget crossing, then by secant/bisection between the furthest point that met
+   the budget and the nearest that did not, until they are adjacent on the path (the frontier),
+   their sizes differ by less than ``tolerance_bpw``, or ``max_candidates`` were evaluated.
+4. The winner (fewest bits per weight among those that met the budget) and its recipe YAML.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Literal
+
+from pydantic import BaseModel, Field, JsonValue
+
+from quantkit.errors import RecipeError, UserInputError
+
+if TYPE_CHECKING:
+    from quantkit.progress import Reporter
+    from quantkit.recipe import Recipe
+    from quantkit.search.mix import Path as DemotionPath
+    from quantkit.search.profile import Profile
+    from quantkit.sweep.driver import SweepResult, SweepView
+
+BudgetMetric = Literal["kld_mean", "ppl_increase_pct"]
+FORMATS = ("gguf",)
+OBJECTIVES = ("size",)
+
+
+class Budget(BaseModel):
+    """The quality a candidate must keep: a metric of the run and its ceiling."""
+
+    metric: BudgetMetric
+    limit: float = Field(ge=0)
+
+    def describe(self) -> str:
+        return f"KLD <= {self.limit:g}" if self.metric == "kld_mean" else f"ppl increase <= {self.limit:g}%"
+
+
+class Candidate(BaseModel):
+    """One evaluated point of the path."""
+
+    name: str
+    index: int
+    predicted_bpw: float
+    predicted_kld_increase: float
+    run_id: str
+    recipe: str
+    value: float | None = None
+    kld: float | None = None
+    bpw: float | None = None
+    passed: bool | None = None
+    error: str | None = None
+
+
+class SearchRecord(BaseModel):
+    """``search.json``: the request, the path, every candidate and the winner."""
+
+    model: str
+    budget: Budget
+    objective: str
+    seed: int
+    max_candidates: int
+    profile: str
+    path_steps: int
+    path_bpw: list[float]
+    candidates: list[Candidate] = Field(default_factory=list)
+    chosen: str | None = None
+    why: str = ""
+    frontier_found: bool = False
+    seconds: dict[str, float] = Field(default_factory=dict)
+
+
+@dataclass
+class SearchRequest:
+    """What ``quantkit search`` was asked; ``recipe`` carries the eval/calibration/device settings."""
+
+    recipe: Recipe
+    budget: Budget
+    out: Path
+    max_candidates: int = 6
+    seed: int = 0
+    profile: Path | None = None
+    tolerance_bpw: float = 0.02
+    trust_remote_code: bool = False
+
+
+@dataclass
+class SearchResult:
+    folder: Path
+    record: SearchRecord
+    exit_code: int = 0
+    extras: dict[str, JsonValue] = field(default_factory=dict)
+
+
+def check_request(formats: list[str], objective: str, max_candidates: int) -> None:
+    """Refuse what the search does not cover before anything runs."""
+    unknown = [name for name in formats if name not in FORMATS]
+    if unknown:
+        raise UserInputError(
+            f"the search covers GGUF per-tensor mixes only, not {', '.join(unknown)}",
+            "use --formats gguf (per-layer schemes for llm-compressor formats are not searched yet)",
+        )
+    if objective not in OBJECTIVES:
+        raise UserInputError(
+            f"objective '{objective}' is not searched yet", "use --objective size (bits per weight)"
+        )
+    if max_candidates < 1:
+        raise UserInputError("--max-candidates must be at least 1", "e.g. --max-candidates 6")
+
+
+def load_profile(path: Path) -> Profile:
+    from pydantic import ValidationError
+
+    from quantkit.search.profile import Profile
+
+    try:
+        return Profile.model_validate_json(path.read_text(encoding="utf-8"))
+    except (OSError, ValidationError, ValueError) as err:
+        first = str(err).splitlines()[0]
+        raise UserInputError(
+            f"'{path}' is not a sensitivity profile: {first}",
+            "pass the sensitivity.json that `quantkit sensitivity --out DIR` wrote",
+        ) from None
+
+
+def run_search(request: SearchRequest, reporter: Reporter, view: SweepView | None = None) -> SearchResult:
+    """Profile, path, candidates as a sweep, winner and its recipe, in ``request.out``."""
+    from quantkit.search import mix
+    from quantkit.search.profile import ProfileRequest, build_profile
+
+    start = time.perf_counter()
+    _check_out(request.out)
+    request.out.mkdir(parents=True, exist_ok=True)
+    if request.profile is not None:
+        profile = load_profile(request.profile)
+        source = str(request.profile)
+    else:
+        profile = build_profile(ProfileRequest(request.recipe, measured=False), reporter)
+        source = "proxy"
+    (request.out / "sensitivity.json").write_text(profile.model_dump_json(indent=1), encoding="utf-8")
+    profile_s = time.perf_counter() - start
+    path = mix.build_path(profile, mix.calibrated(profile), request.seed)
+    record = SearchRecord(
+        model=profile.model,
+        budget=request.budget,
+        objective="size",
+        seed=request.seed,
+        max_candidates=request.max_candidates,
+        profile=source,
+        path_steps=len(path.steps),
+        path_bpw=[round(path.bpw(0), 4), round(path.bpw(len(path.steps)), 4)],
+    )
+    search_start = time.perf_counter()
+    _search(request, profile, path, record, view)
+    record.seconds = {
+        "profile": round(profile_s, 3),
+        "candidates": round(time.perf_counter() - search_start, 3),
+        "total": round(time.perf_counter() - start, 3),
+    }
+    code = _choose(request, record)
+    _add_profile_to_report(request.out, profile)
+    (request.out / "search.json").write_text(record.model_dump_json(indent=1), encoding="utf-8")
+    return SearchResult(request.out, record, code)
+
+
+def _add_profile_to_report(folder: Path, profile: Profile) -> None:
+    """The sweep's HTML report with the sensitivity charts after its quality-vs-size plot."""
+    from quantkit.fileio import write_text_atomic
+    from quantkit.report.sensitivity import profile_section
+
+    report = folder / "sweep" / "report.html"
+    if report.is_file():
+        html = report.read_text(encoding="utf-8")
+        write_text_atomic(
+            folder / "report.html", html.replace("</body>", profile_section(profile) + "\n</body>", 1)
+        )
+
+
+def _check_out(out: Path) -> None:
+    known = ("search.json", "sensitivity.json", "sweep", "candidates")
+    if out.exists() and any(path.name not in known for path in out.iterdir()):
+        raise UserInputError(
+            f"'{out}' exists and is not a search folder",
+            "pass a new --out (or the folder of the same search)",
+        )
+
+
+def _search(
+    request: SearchRequest, profile: Profile, path: DemotionPath, record: SearchRecord, view: SweepView | None
+) -> None:
+    """Evaluate candidates until the frontier is bracketed or the budget of candidates is spent."""
+    last = len(path.steps)
+    passed, failed = 0, last + 1  # indices known to meet / not to meet the budget (assumed at the ends)
+    scale: float | None = None  # measured value per predicted unit, from the evaluated candidates
+    while len(record.candidates) < request.max_candidates:
+        index = _next_index(path, request.budget.limit, (passed, failed), scale)
+        if index is None:
+            record.frontier_found = True
+            break
+        candidate = _evaluate(request, profile, path, index, record, view)
+        if candidate.value is None:
+            failed = min(failed, index)  # a run that could not be scored does not meet the budget
+            continue
+        if candidate.passed:
+            passed = max(passed, index)
+        else:
+            failed = min(failed, index)
+        if candidate.predicted_kld_increase > 0 and candidate.value > 0:
+            scale = candidate.value / candidate.predicted_kld_increase
+        if failed - passed <= 1 or (
+            failed <= last and path.bpw(passed) - path.bpw(failed) < request.tolerance_bpw
+        ):
+            record.frontier_found = passed > 0 or failed <= last
+            break
+
+
+def _next_index(
+    path: DemotionPath, limit: float, bracket: tuple[int, int], scale: float | None
+) -> int | None:
+    """The furthest index predicted to meet ``limit`` inside the open bracket (secant on the
+    measured scale, else halfway in bits), or its middle when the prediction falls outside."""
+    passed, failed = bracket
+    if failed - passed <= 1:
+        return None
+    last = min(failed - 1, len(path.steps))
+    if scale is None:  # nothing measured yet: halfway between the ends in bits per weight
+        middle_bpw = (path.bpw(passed) + path.bpw(last)) / 2
+        guess = next((i for i in range(passed + 1, last + 1) if path.bpw(i) <= middle_bpw), last)
+    else:
+        fits = [i for i in range(passed + 1, last + 1) if path.predicted(i) * scale <= limit]
+        guess = fits[-1] if fits else passed + 1
+        if guess in (passed + 1, last) and last - passed > 2:  # pinned to an edge: bisect instead
+            guess = (passed + last + 1) // 2 if not fits else guess
+    return max(passed + 1, min(guess, last))
+
+
+def _evaluate(
+    request: SearchRequest,
+    profile: Profile,
+    path: DemotionPath,
+    index: int,
+    record: SearchRecord,
+    view: SweepView | None,
+) -> Candidate:
+    """Write the candidate's recipe and run every candidate so far as one sweep (finished ones kept)."""
+    from quantkit.search.mix import mix_options
+
+    name = f"search-{len(record.candidates) + 1:02d}-step{index}"
+    recipe_path = request.out / "candidates" / f"{name}.yaml"
+    recipe_path.parent.mkdir(parents=True, exist_ok=True)
+    options = mix_options(path.mix(index), profile.base)
+    description = (
+        f"searched GGUF mix: step {index} of {len(path.steps)} on the demotion path, "
+        f"predicted {path.bpw(index):.3f} bpw"
+    )
+    recipe = _candidate_recipe(request, name, description, options)
+    recipe_path.write_text(recipe.to_yaml(), encoding="utf-8")
+    candidate = Candidate(
+        name=name,
+        index=index,
+        predicted_bpw=round(path.bpw(index), 4),
+        predicted_kld_increase=path.predicted(index),
+        run_id=name,
+        recipe=str(recipe_path),
+    )
+    record.candidates.append(candidate)
+    result = _sweep(request, [Path(c.recipe) for c in record.candidates], view)
+    run = next((r for r in result.manifest.runs if r.name == name or r.run_id == name), None)
+    if run is None or run.state != "done":
+        candidate.error = "the run failed" if run is None else (run.error or run.state)
+        return candidate
+    candidate.run_id = run.run_id
+    manifest = json.loads((result.folder / "runs" / run.run_id / "manifest.json").read_text(encoding="utf-8"))
+    metrics = manifest["metrics"]["quantized"]
+    candidate.kld = metrics["kld_mean"]["value"]
+    candidate.value = metrics[request.budget.metric]["value"]
+    candidate.bpw = manifest["artifact"]["details"]["bits_per_weight"]
+    candidate.passed = candidate.value is not None and candidate.value <= request.budget.limit
+    return candidate
+
+
+def _candidate_recipe(
+    request: SearchRequest, name: str, description: str, options: dict[str, JsonValue]
+) -> Recipe:
+    from quantkit.recipe import validate_recipe
+
+    base = request.recipe.model_dump(
+        mode="json", exclude={"name", "description", "method", "options", "gates"}
+    )
+    gates: dict[str, JsonValue] = {"max_kld": request.budget.limit}
+    if request.budget.metric == "ppl_increase_pct":
+        gates = {"max_ppl_increase_pct": request.budget.limit}
+    data = base | {
+        "name": name,
+        "description": description,
+        "method": "gguf",
+        "options": options,
+        "gates": gates,
+    }
+    return validate_recipe(data)
+
+
+def _sweep(request: SearchRequest, recipes: list[Path], view: SweepView | None) -> SweepResult:
+    from quantkit.sweep.driver import SweepRequest, run_sweep
+    from quantkit.sweep.spec import RecipeEntry, SweepSpec
+
+    spec = SweepSpec(
+        name="search",
+        models=[request.recipe.model],
+        recipes=[RecipeEntry(recipe=str(path)) for path in recipes],
+    )
+    sweep_request = SweepRequest(
+        spec=spec, out=request.out / "sweep", bench=False, trust_remote_code=request.trust_remote_code
+    )
+    return run_sweep(sweep_request, view)
+
+
+def _choose(request: SearchRequest, record: SearchRecord) -> int:
+    """The candidate with the fewest bits per weight among those that met the budget (exit 0),
+    or none (exit 1): the closest one is named in ``why``."""
+    met = [c for c in record.candidates if c.passed and c.bpw is not None]
+    if not met:
+        scored = [c for c in record.candidates if c.value is not None]
+        closest = min(scored, key=lambda c: c.value or 0.0, default=None)
+        record.why = f"no candidate met {request.budget.describe()}" + (
+            f"; the closest was {closest.name} at {closest.value:.4g} ({closest.bpw} bpw)" if closest else ""
+        )
+        return 1
+    best = min(met, key=lambda c: (c.bpw or 0.0, c.value or 0.0))
+    record.chosen = best.name
+    others = [c for c in record.candidates if c is not best]
+    record.why = (
+        f"{best.name} met {request.budget.describe()} (measured {best.value:.4g}) at {best.bpw} bpw, "
+        f"the fewest bits per weight of the {len(met)} candidate(s) that met it"
+        + (f"; {len(others)} other(s) evaluated" if others else "")
+    )
+    chosen = request.out / "chosen-recipe.yaml"
+    shutil.copyfile(best.recipe, chosen)
+    return 0
+
+
+def budget_from(max_kld: float | None, max_ppl_increase: float | None) -> Budget:
+    """Exactly one budget, non-negative."""
+    if (max_kld is None) == (max_ppl_increase is None):
+        raise UserInputError(
+            "give exactly one quality budget", "--max-kld 0.05 (nats) or --max-ppl-increase 3%"
+        )
+    if max_kld is not None:
+        if max_kld <= 0:
+            raise RecipeError(f"--max-kld {max_kld:g} is not a positive KLD", "e.g. --max-kld 0.05")
+        return Budget(metric="kld_mean", limit=max_kld)
+    assert max_ppl_increase is not None
+    if max_ppl_increase <= 0:
+        raise RecipeError(
+            f"--max-ppl-increase {max_ppl_increase:g}% is not positive", "e.g. --max-ppl-increase 3%"
+        )
+    return Budget(metric="ppl_increase_pct", limit=max_ppl_increase)

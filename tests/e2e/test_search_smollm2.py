@@ -1,0 +1,99 @@
+"""`quantkit sensitivity` and `quantkit search` on the real SmolLM2-135M, on small budgets.
+
+Cost on the 2-core CPU machine (SmolLM2 converted in the session cache): about 1.5-2 minutes —
+three llama.cpp quantizations and a splice, a proxy profile (one pass over 4 x 128 calibration
+tokens and numpy quantization of sampled rows), two candidates evaluated as a sweep on 4 x 128
+eval tokens, and the chosen recipe re-run once by `quantkit quantize`. The measured profile
+(two quantizations + 40 evaluations) and the issue's target are in bench/search_cost.py.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+
+import pytest
+from conftest import require_extra
+
+from quantkit.cli import main
+
+pytestmark = pytest.mark.slow
+
+require_extra("llama_cpp", "gguf")
+
+SMALL = ["--set", "eval.num_windows=4", "--set", "eval.seq_len=128", "--set", "calibration.num_samples=4",
+         "--set", "calibration.seq_len=128", "--device", "cpu"]  # fmt: skip
+
+
+def test_a_spliced_file_is_what_llama_cpp_writes_with_the_override(smollm2: Path, tmp_path: Path) -> None:
+    """The measured profile's shortcut: splicing an all-Q8_0 and an all-Q4_0 file gives the bytes
+    llama-quantize writes for Q8_0 with one layer overridden to Q4_0."""
+    from quantkit.backends.gguf import GGUFBackend, GGUFOptions, llama_quantize
+    from quantkit.gguf_file import read_gguf
+    from quantkit.gguf_splice import splice
+
+    source = GGUFBackend(GGUFOptions(type="Q8_0")).runtime_baseline(smollm2, lambda message: None)
+    assert source is not None
+
+    def quantize(options: dict[str, object], name: str) -> Path:
+        llama_quantize(source, tmp_path / name, GGUFOptions.model_validate(options), None)
+        return tmp_path / name
+
+    base = quantize({"type": "Q8_0"}, "base.gguf")
+    low = quantize({"type": "Q8_0", "tensor_types": {r"\.weight$": "Q4_0"}}, "low.gguf")
+    direct = quantize({"type": "Q8_0", "tensor_types": {r"^blk\.7\.": "Q4_0"}}, "direct.gguf")
+    names = [t.name for t in read_gguf(base).tensors if t.name.startswith("blk.7.") and len(t.shape) > 1]
+    assert len(names) == 7
+    splice(base, low, names, tmp_path / "spliced.gguf")
+    digest = [hashlib.sha256(path.read_bytes()).hexdigest() for path in (direct, tmp_path / "spliced.gguf")]
+    assert digest[0] == digest[1]
+
+
+@pytest.fixture(scope="module")
+def searched(session_cache: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
+    os.environ["QUANTKIT_CACHE"] = str(session_cache)
+    out = tmp_path_factory.mktemp("search") / "search"
+    args = ["search", "--max-kld", "0.08", "--max-candidates", "2", "--seed", "1", "--out", str(out)]
+    assert main([*args, *SMALL, "--format", "json"]) == 0
+    return out, json.loads((out / "search.json").read_text())
+
+
+def test_search_writes_candidates_a_report_a_profile_and_a_recipe(searched: tuple[Path, dict]) -> None:
+    out, record = searched
+    assert 1 <= len(record["candidates"]) <= 2 and record["chosen"]
+    chosen = next(c for c in record["candidates"] if c["name"] == record["chosen"])
+    assert chosen["passed"] and chosen["kld"] <= 0.08
+    assert chosen["bpw"] < 8.5  # something was demoted from the all-Q8_0 start
+    for name in ("search.json", "sweep/sweep.json", "report.html", "sensitivity.json", "chosen-recipe.yaml"):
+        assert (out / name).is_file(), name
+    html = (out / "report.html").read_text()
+    assert "sensitivity profile" in html and "<svg" in html
+    print(json.dumps(record["candidates"], indent=1), record["why"])
+
+
+def test_the_chosen_recipe_rerun_by_quantize_reproduces_the_chosen_artifact(
+    searched: tuple[Path, dict], tmp_path: Path
+) -> None:
+    out, record = searched
+    chosen = next(c for c in record["candidates"] if c["name"] == record["chosen"])
+    rerun = tmp_path / "rerun"
+    assert main(["quantize", str(out / "chosen-recipe.yaml"), "--out", str(rerun), "--no-bench"]) == 0
+    manifest = json.loads((rerun / "manifest.json").read_text())
+    assert manifest["metrics"]["quantized"]["kld_mean"]["value"] == pytest.approx(chosen["kld"], rel=1e-6)
+    assert manifest["artifact"]["details"]["bits_per_weight"] == chosen["bpw"]
+    assert manifest["gate"]["passed"] is True  # the budget is the recipe's gate
+
+
+def test_a_budget_no_candidate_meets_exits_1_naming_the_closest(
+    searched: tuple[Path, dict], capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """Reuses the searched folder's profile through --profile: one candidate, no profile pass."""
+    out, profile = tmp_path / "search", searched[0] / "sensitivity.json"
+    args = ["search", "--max-kld", "1e-6", "--max-candidates", "1", "--profile", str(profile), "-o", str(out)]
+    code = main([*args, *SMALL])
+    err = capsys.readouterr().err
+    assert code == 1, err
+    assert "error: no candidate met KLD <= 1e-06; the closest was search-01" in err
+    assert not (out / "chosen-recipe.yaml").exists()
