@@ -170,6 +170,23 @@ def run_autoround(job: QuantizeJob, options: dict[str, JsonValue], fmt: str) -> 
     return details | {"library_version": version}
 
 
+FEW_ITERS = 50  # AutoRound's light preset: 50 steps at lr 5e-3
+
+
+def _rate(options: dict[str, JsonValue]) -> tuple[int, float | None]:
+    """The tuning steps and the rounding learning rate AutoRound uses: ``lr``, or its rule
+    (SignRoundConfig's: 1/iters; 2/iters from 1000 steps at 3 bits or fewer; none at iters 0,
+    its RTN mode)."""
+    iters = int(str(options.get("iters") or 0))
+    lr, bits = options.get("lr"), options.get("bits")
+    if isinstance(lr, (int, float)):
+        return iters, float(lr)
+    if iters <= 0:
+        return iters, None
+    low_bits = isinstance(bits, int) and bits <= 3
+    return iters, (2.0 if iters >= 1000 and low_bits else 1.0) / iters
+
+
 def _fed_ids(model: torch.nn.Module, fed: list[list[int]]) -> torch.utils.hooks.RemovableHandle:
     """Record the token ids every forward of the whole model is given (AutoRound runs the model
     only to capture the first block's inputs: these are the calibration ids it used)."""
@@ -206,7 +223,13 @@ def _quantize_and_export(
     fed: list[list[int]] = []
     handle = _fed_ids(model, fed)
     scheme = {"scheme": fmt.upper()} if fmt.startswith("gguf:") else {}
-    job.log(f"running AutoRound ({len(rows)} x {calibration.seq_len} tokens, {options.get('iters')} iters)")
+    iters, lr = _rate(options)
+    job.log(f"running AutoRound ({len(rows)} x {calibration.seq_len} tokens, {iters} iters)")
+    if 0 < iters < FEW_ITERS and options.get("lr") is None:
+        job.log(
+            f"note: lr = 1/iters = {1 / iters:g} is a large step at {iters} iters and can make the rounding"
+            " worse than none (docs/recipes.md); set options.lr, e.g. 0.005-0.01"
+        )
     with torch.random.fork_rng(devices=[]), _recording(recorder):
         torch.manual_seed(job.seed)
         try:
@@ -238,6 +261,8 @@ def _quantize_and_export(
         "calibration_fed_hash": fed_hash(fed),
         "calibration_fed_rows": len(fed),
         "seed": job.seed,
+        "iters": iters,
+        "lr": lr,
         "layer_errors": recorder.rows,
     }
 

@@ -50,3 +50,31 @@ def test_blocks_losses_and_steps_are_recorded_as_the_composer_calls_them(
         {"module": "model.layers.1", "method": "AutoRound", "initial_loss": 1.0, "best_loss": 1.0,
          "best_iter": 0, "iters": 2},
     ]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("iters", "bits", "lr"),
+    [
+        (0, 4, None),
+        (4, 4, None),
+        (200, 4, None),
+        (1000, 3, None),
+        (1000, 4, None),
+        (1000, None, None),
+        (8, 4, 0.01),
+    ],
+)
+def test_the_recorded_learning_rate_is_the_one_autoround_resolves(
+    iters: int, bits: int | None, lr: float | None
+) -> None:
+    """The manifest's ``lr`` is AutoRound's own choice (SignRoundConfig's rule), not a copy
+    that drifts from it: a changed rule in a new AutoRound fails here."""
+    from auto_round.algorithms.quantization.sign_round.config import SignRoundConfig
+
+    from quantkit.backends.autoround_run import _rate
+
+    config = SignRoundConfig(iters=iters, lr=lr)
+    expected = lr if lr is not None else config._lr_for_bits(bits)
+    assert _rate({"iters": iters, "bits": bits, "lr": lr}) == (iters, expected)
+    if iters == 4 and lr is None:
+        assert expected == 0.25
