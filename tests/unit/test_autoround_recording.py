@@ -78,3 +78,13 @@ def test_the_recorded_learning_rate_is_the_one_autoround_resolves(
     assert _rate({"iters": iters, "bits": bits, "lr": lr}) == (iters, expected)
     if iters == 4 and lr is None:
         assert expected == 0.25
+
+
+def test_a_note_warns_of_the_default_lr_at_few_steps_only() -> None:
+    from quantkit.backends.autoround_run import few_iters_note
+
+    note = few_iters_note({"iters": 8, "lr": None, "bits": 4})
+    assert note is not None and "lr = 1/iters = 0.125" in note and "set options.lr" in note
+    assert few_iters_note({"iters": 8, "lr": 0.01, "bits": 4}) is None  # the user chose
+    assert few_iters_note({"iters": 50, "lr": None, "bits": 4}) is None  # AutoRound's light preset
+    assert few_iters_note({"iters": 0, "lr": None, "bits": 4}) is None  # RTN mode: no tuning
