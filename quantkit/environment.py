@@ -18,6 +18,7 @@ LIBRARIES = (
     "llmcompressor",
     "compressed-tensors",
     "gptqmodel",
+    "auto-round",
     "optimum",
     "accelerate",
     "tokenizers",

@@ -13,6 +13,7 @@ if TYPE_CHECKING:
 BACKENDS: Registry[type[Backend[BackendOptions]]] = Registry(
     "method",
     {
+        "autoround": "quantkit.backends.autoround:AutoRoundBackend",
         "awq": "quantkit.backends.awq:AWQBackend",
         "external": "quantkit.backends.external:ExternalBackend",
         "fp8": "quantkit.backends.fp8:FP8Backend",

@@ -49,15 +49,22 @@ def plan(
         raise UserInputError(
             f"unknown device '{device_name}'", did_you_mean(device_name, sorted(planning.DEVICE_MEMORY))
         )
+    from quantkit.backends.autoround import AutoRoundGGUFOptions
     from quantkit.backends.gguf import GGUFOptions
 
     backend = resolved.backend()
     backend.check_weights(source.path)
     gguf = backend.options if isinstance(backend.options, GGUFOptions) else None
+    gguf_type: str | None = None if gguf is None else gguf.type
+    if isinstance(backend.options, AutoRoundGGUFOptions):  # AutoRound's GGUF: llama.cpp's type rules
+        from quantkit.backends.gguf import NOMINAL_BITS
+
+        kind = backend.options.format.removeprefix("gguf:").upper()
+        gguf_type = kind if kind in NOMINAL_BITS else None  # Q4_1, Q5_1: nominal bits only
     target = planning.Target(
         scheme,
         bits,
-        gguf_type=None if gguf is None else gguf.type,
+        gguf_type=gguf_type,
         imatrix=gguf is not None and gguf.imatrix,
         gguf_overrides=None if gguf is None else gguf.overrides(),
     )

@@ -182,9 +182,11 @@ def _quantize_seconds(total: float | None, convert: float | None) -> float | Non
 
 def method_label(manifest: Manifest) -> str:
     """The method, with the engine that ran it where the method has several (``gptq
-    (gptqmodel)``): the artifact's record of it, else the resolved recipe's option."""
+    (gptqmodel)``): the artifact's record of it, else the resolved recipe's option; a method
+    that is its own engine (``autoround``) is named once."""
     engine = manifest.artifact.details.get("engine") or manifest.recipe.options.get("engine")
-    return f"{manifest.recipe.method} ({engine})" if isinstance(engine, str) else manifest.recipe.method
+    method = manifest.recipe.method
+    return f"{method} ({engine})" if isinstance(engine, str) and engine != method else method
 
 
 def _run_row(record: RunRecord, index: int) -> Row:
