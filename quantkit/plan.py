@@ -15,6 +15,8 @@ from typing import TYPE_CHECKING, Any
 from quantkit.errors import UserInputError
 
 if TYPE_CHECKING:
+    from collections.abc import Mapping
+
     from quantkit.gguf_types import GGUFTensor, ModelShape, Overrides
 
 GIB = 1024**3
@@ -60,7 +62,7 @@ class Plan:
         return asdict(self) | {"serving_bytes": self.serving_bytes, "fits": self.fits}
 
 
-def _tensor_shapes(folder: Path) -> dict[str, tuple[list[int], str]]:
+def tensor_shapes(folder: Path) -> dict[str, tuple[list[int], str]]:
     """name -> (shape, dtype) from the safetensors headers; corrupt or truncated files are refused."""
     shapes: dict[str, tuple[list[int], str]] = {}
     for path in sorted(folder.glob("*.safetensors")):
@@ -107,6 +109,7 @@ class Target:
     gguf_type: str | None = None
     imatrix: bool = False
     gguf_overrides: Overrides | None = None  # per-tensor types (llama-quantize's --tensor-type)
+    module_bits: Mapping[str, float] | None = None  # per-layer integer schemes: module -> bits
 
 
 @dataclass(frozen=True)
@@ -125,18 +128,24 @@ def estimate(model_path: Path, target: Target, serving: Serving) -> Plan:
     context, batch = serving.context, serving.batch
     config = json.loads((model_path / "config.json").read_text(encoding="utf-8"))
     config = config.get("text_config", config)
-    shapes = _tensor_shapes(model_path)
+    shapes = tensor_shapes(model_path)
     if not shapes:
         raise UserInputError(
             f"'{model_path}' has no safetensors weights to plan from", "convert it to safetensors"
         )
     params = linear = baseline_bytes = kept_bytes = 0
+    quantized_linear_bits = 0.0
     for name, (shape, dtype) in shapes.items():
         count = _count(shape)
         params += count
         baseline_bytes += count * _DTYPE_BYTES.get(dtype, 2)
         if len(shape) == 2 and ".layers." in name:
             linear += count
+            module = name.removesuffix(".weight")
+            if target.module_bits is not None and module in target.module_bits:
+                quantized_linear_bits += count * target.module_bits[module]
+            else:
+                quantized_linear_bits += count * weight_bits
         else:  # embeddings, the head, norms: kept in the source's dtype by every HF format
             kept_bytes += count * _DTYPE_BYTES.get(dtype, 2)
     layers = int(config.get("num_hidden_layers", 0))
@@ -144,7 +153,9 @@ def estimate(model_path: Path, target: Target, serving: Serving) -> Plan:
     if target.gguf_type is not None:
         quantized = gguf_bytes(model_path, target.gguf_type, target.imatrix, target.gguf_overrides)
     else:
-        quantized = int(linear * weight_bits / 8 + kept_bytes)
+        quantized = int(quantized_linear_bits / 8 + kept_bytes)
+    if target.module_bits is not None and linear:
+        weight_bits = round(quantized_linear_bits / linear, 4)  # the layers' mean, overrides included
     kv_heads = int(config.get("num_key_value_heads", heads))
     head_dim = int(config.get("head_dim") or config.get("hidden_size", 0) // max(heads, 1))
     per_token = 2 * kv_heads * head_dim * batch * 2  # K and V of one layer, fp16
@@ -171,7 +182,7 @@ def gguf_tensors(model_path: Path) -> tuple[list[GGUFTensor], ModelShape]:
 
     config = json.loads((model_path / "config.json").read_text(encoding="utf-8"))
     config = config.get("text_config", config)
-    names = {name: shape for name, (shape, _) in _tensor_shapes(model_path).items()}
+    names = {name: shape for name, (shape, _) in tensor_shapes(model_path).items()}
     if config.get("tie_word_embeddings", True) and any(n.endswith("embed_tokens.weight") for n in names):
         names.pop("lm_head.weight", None)  # the converter writes a tied head once
     tensors = sorted(
@@ -296,11 +307,11 @@ def tensor_bytes(folder: Path) -> int:
 def stored_dtypes(model_path: Path) -> dict[str, int]:
     """Elements stored per safetensors dtype name (``BF16``, ``F32``, ...) in an HF folder."""
     counts: dict[str, int] = {}
-    for shape, dtype in _tensor_shapes(model_path).values():
+    for shape, dtype in tensor_shapes(model_path).values():
         counts[dtype] = counts.get(dtype, 0) + _count(shape)
     return counts
 
 
 def count_parameters(model_path: Path) -> int:
     """Parameters of an HF folder, from its safetensors headers (0 when there are none)."""
-    return sum(_count(shape) for shape, _ in _tensor_shapes(model_path).values())
+    return sum(_count(shape) for shape, _ in tensor_shapes(model_path).values())

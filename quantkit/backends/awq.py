@@ -8,6 +8,7 @@ from pydantic import Field
 
 from quantkit.backends.base import Artifact, QuantizeJob
 from quantkit.backends.int_weights import IntWeightBackend, IntWeightOptions
+from quantkit.errors import RecipeError
 
 
 class AWQOptions(IntWeightOptions):
@@ -29,6 +30,18 @@ class AWQBackend(IntWeightBackend[AWQOptions]):
 
     def requires_calibration(self) -> bool:
         return True
+
+    def check_options(self) -> None:
+        """AWQ's scale search balances layers that share an input (q/k/v, gate/up) under one
+        group size and zero point: an override may change their bits only."""
+        options = self.options
+        for index, override in enumerate(options.resolved_overrides()):
+            if (override.group_size, override.symmetric) != (options.group_size, options.symmetric):
+                raise RecipeError(
+                    f"options.overrides[{index}] changes the group size or symmetry, which AWQ's scale "
+                    "search cannot mix",
+                    "with awq give overrides bits only, or use gptq or rtn",
+                )
 
     def quantize(self, job: QuantizeJob) -> Artifact:
         from llmcompressor.modifiers.quantization import QuantizationModifier

@@ -8,9 +8,12 @@ from typing import TYPE_CHECKING, Literal, TypeVar
 from pydantic import Field, JsonValue, field_validator
 
 from quantkit.backends.base import Artifact, Backend, BackendOptions, QuantizeJob
+from quantkit.backends.int_overrides import IntOverride, IntScheme, bits_per_module, quantized_linears
 from quantkit.errors import RecipeError
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from quantkit.backends.llmcompressor_run import OneshotRecipe
 
 
@@ -44,31 +47,57 @@ class IntSchemeOptions(BackendOptions):
         return self.bits + overhead / self.group_size
 
 
+def weights_args(scheme: IntSchemeOptions | IntScheme, actorder: str | None = None) -> dict[str, JsonValue]:
+    """compressed-tensors ``QuantizationArgs`` for a scheme's weights."""
+    args: dict[str, JsonValue] = {
+        "num_bits": scheme.bits,
+        "type": "int",
+        "symmetric": scheme.symmetric,
+        "strategy": "group" if scheme.group_size else "channel",
+    }
+    if scheme.group_size:
+        args["group_size"] = scheme.group_size
+    if actorder is not None and scheme.group_size:
+        args["actorder"] = actorder
+    return args
+
+
 class IntWeightOptions(IntSchemeOptions):
     """Integer weights through llm-compressor (compressed-tensors), on the modules ``targets``
-    names except those ``ignore`` names."""
+    names except those ``ignore`` names; ``overrides`` give named layers schemes of their own."""
 
     bits: Literal[3, 4, 8] = Field(4, description="weight bits (W3A16, W4A16, W8A16)")
     targets: list[str] = Field(default_factory=lambda: ["Linear"], min_length=1)
     ignore: list[str] = Field(default_factory=lambda: ["lm_head"])
+    overrides: list[IntOverride] = Field(
+        default_factory=list, description="per-layer schemes: targets plus bits/group_size/symmetric"
+    )
 
     def weights_args(self, actorder: str | None = None) -> dict[str, JsonValue]:
         """compressed-tensors ``QuantizationArgs`` for the weights."""
-        args: dict[str, JsonValue] = {
-            "num_bits": self.bits,
-            "type": "int",
-            "symmetric": self.symmetric,
-            "strategy": "group" if self.group_size else "channel",
-        }
-        if self.group_size:
-            args["group_size"] = self.group_size
-        if actorder is not None:
-            args["actorder"] = actorder
-        return args
+        return weights_args(self, actorder)
+
+    def resolved_overrides(self) -> list[IntScheme]:
+        """The overrides with what each left out taken from this scheme."""
+        return [o.resolved(self.bits, self.group_size, self.symmetric) for o in self.overrides]
 
     def config_groups(self, actorder: str | None = None) -> dict[str, JsonValue]:
+        """One config group for the scheme, one more per override (name targets outrank the
+        base group's class target in compressed-tensors)."""
         targets: list[JsonValue] = list(self.targets)
-        return {"group_0": {"targets": targets, "weights": self.weights_args(actorder)}}
+        groups: dict[str, JsonValue] = {
+            "group_0": {"targets": targets, "weights": self.weights_args(actorder)}
+        }
+        for index, override in enumerate(self.resolved_overrides(), start=1):
+            names: list[JsonValue] = list(override.targets)
+            groups[f"group_{index}"] = {"targets": names, "weights": weights_args(override, actorder)}
+        return groups
+
+    def bits_per_module(self, shapes: Mapping[str, tuple[list[int], str]]) -> dict[str, float]:
+        """Each quantized decoder linear layer's effective bits per weight (refusing overrides
+        that name none, overlap, or misfit a layer's width)."""
+        modules = quantized_linears(shapes, self.ignore)
+        return bits_per_module(self.resolved_overrides(), modules, self.effective_bits())
 
 
 def check_group_size_divides(options: IntSchemeOptions, config: Mapping[str, JsonValue]) -> None:
@@ -101,12 +130,47 @@ class IntWeightBackend(Backend[IntOptionsT]):
     def check_model(self, config: Mapping[str, JsonValue]) -> None:
         check_group_size_divides(self.options, config)
 
+    def check_weights(self, model_path: Path) -> None:
+        """Per-layer overrides must name this model's quantized layers, once each, and fit them."""
+        options = self.options
+        if isinstance(options, IntWeightOptions) and options.overrides:
+            from quantkit.plan import tensor_shapes
+
+            shapes = tensor_shapes(model_path)
+            if shapes:  # no safetensors headers: compressed-tensors' names are checked on the artifact
+                options.bits_per_module(shapes)
+
     def describe(self) -> tuple[str, float]:
-        return self.options.scheme_name(), self.options.effective_bits()
+        options = self.options
+        scheme = options.scheme_name()
+        if isinstance(options, IntWeightOptions) and options.overrides:
+            scheme += " + " + ", ".join(o.scheme_name() for o in options.resolved_overrides())
+        return scheme, options.effective_bits()
 
     def _run(self, job: QuantizeJob, recipe: OneshotRecipe, calibrated: bool) -> Artifact:
         from quantkit.backends.llmcompressor_run import run_oneshot
 
         details = run_oneshot(job, recipe, job.calibration if calibrated else None)
         scheme, bits = self.describe()
+        options = self.options
+        if isinstance(options, IntWeightOptions) and options.overrides:
+            bits = _check_mixed_artifact(options, job, details)
         return Artifact(job.out_dir, "compressed-tensors", self.runtime, scheme, bits, details)
+
+
+def _check_mixed_artifact(
+    options: IntWeightOptions, job: QuantizeJob, details: dict[str, JsonValue]
+) -> float:
+    """Read every layer's stored bits back from the artifact, record the overrides and the
+    modules each named, and return the mean bits per quantized weight."""
+    from quantkit.backends.int_overrides import assign, check_artifact, mean_bits, overrides_record
+    from quantkit.plan import tensor_shapes
+
+    source = tensor_shapes(job.model_path)
+    modules = quantized_linears(source, options.ignore)
+    overrides = options.resolved_overrides()
+    owner = assign(overrides, modules)
+    expected = {name: overrides[owner[name]].bits if name in owner else options.bits for name in modules}
+    check_artifact(tensor_shapes(job.out_dir), modules, expected)
+    details["overrides"] = overrides_record(overrides, owner)
+    return round(mean_bits(bits_per_module(overrides, modules, options.effective_bits()), source), 4)

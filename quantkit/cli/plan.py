@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import typer
 
 from quantkit.cli.common import FormatOption
@@ -67,6 +69,7 @@ def plan(
         gguf_type=gguf_type,
         imatrix=gguf is not None and gguf.imatrix,
         gguf_overrides=None if gguf is None else gguf.overrides(),
+        module_bits=_module_bits(backend.options, source.path),
     )
     result = planning.estimate(source.path, target, planning.Serving(context, batch, device, memory))
     if output_format == OutputFormat.json:
@@ -84,3 +87,14 @@ def plan(
     table.add_row(f"{device} memory", "—" if memory is None else f"{memory / gib:.1f} GiB")
     table.add_row("fits", {True: "[green]yes[/green]", False: "[red]no[/red]", None: "?"}[result.fits])
     stdout.print(table)
+
+
+def _module_bits(options: object, model_path: Path) -> dict[str, float] | None:
+    """Per-layer bits when an integer recipe has per-layer overrides."""
+    from quantkit.backends.int_weights import IntWeightOptions
+
+    if not isinstance(options, IntWeightOptions) or not options.overrides:
+        return None
+    from quantkit.plan import tensor_shapes
+
+    return options.bits_per_module(tensor_shapes(model_path))
