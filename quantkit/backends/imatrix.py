@@ -6,7 +6,8 @@ tokens (what llama.cpp's ``llama-imatrix`` collects), keyed by the GGUF tensor n
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import re
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -21,12 +22,16 @@ if TYPE_CHECKING:
 
 @dataclass
 class ImportanceMatrix:
-    """``sums[name]``: Σ x² per input column; ``counts[name]``: tokens seen."""
+    """``sums[name]``: Σ x² per input column; ``counts[name]``: tokens seen; ``residual[i]``:
+    the mean squared norm of the residual stream entering decoder layer ``i`` (the last entry:
+    leaving the last layer), each window's first position left out (an attention sink's
+    activations are orders of magnitude larger than the rest's)."""
 
     sums: dict[str, npt.NDArray[np.float32]]
     counts: dict[str, int]
     chunk_size: int
     chunks: int
+    residual: list[float] = field(default_factory=list)
 
     def means(self) -> dict[str, npt.NDArray[np.float32]]:
         return {name: (values / self.counts[name]).astype("float32") for name, values in self.sums.items()}
@@ -71,6 +76,33 @@ def compute(
         hooked.add(module)
     if not hooks:
         raise BackendError("no linear layer matched a GGUF tensor for the importance matrix", "report this")
+    layers = [m for name, m in model.named_modules() if re.fullmatch(r"(.+\.)?layers\.\d+", name)]
+    residual = [0.0] * (len(layers) + 1)
+    seen = [0] * (len(layers) + 1)
+
+    def norms(index: int, hidden: object) -> None:
+        if isinstance(hidden, torch.Tensor) and hidden.dim() == 3 and hidden.shape[1] > 1:
+            squares = hidden[:, 1:].detach().float().pow(2).sum(-1)
+            residual[index] += float(squares.sum())
+            seen[index] += squares.numel()
+
+    for index, layer in enumerate(layers):
+        hooks.append(
+            layer.register_forward_pre_hook(
+                lambda _m, args, kwargs, i=index: norms(
+                    i, kwargs.get("hidden_states", args[0] if args else None)
+                ),
+                with_kwargs=True,
+            )
+        )
+    if layers:
+        hooks.append(
+            layers[-1].register_forward_hook(
+                lambda _m, _args, output: norms(
+                    len(layers), output[0] if isinstance(output, tuple) else output
+                )
+            )
+        )
     # The output head is hooked only when it is a tensor of its own (untied): otherwise its
     # logits are not needed, and over a large vocabulary (Gemma's 262k) they would be the
     # largest allocation and the largest matmul of the pass. Keep the last position's only.
@@ -88,6 +120,7 @@ def compute(
         counts=counts,
         chunk_size=windows.seq_len,
         chunks=len(windows.ids),
+        residual=[total / count if count else 0.0 for total, count in zip(residual, seen, strict=True)],
     )
 
 

@@ -14,8 +14,13 @@ tensor in every layer: ``attn_q``, ..., ``ffn_down``; the token embedding; an un
   squared output error ``E||(W - Q(W)) x||^2`` over the calibration tokens, with the diagonal
   approximation ``sum_j E[x_j^2] sum_i dW_ij^2`` (``E[x_j^2]`` is the importance matrix). The
   embedding's rows are weighted by how often each token occurs in the calibration windows.
-  Cost: one forward pass of the calibration windows (the importance matrix) and numpy
-  quantization of the weights; no forward pass per candidate.
+  Each tensor's error is then divided by the mean squared norm of the residual stream where it
+  acts (entering its decoder layer; the embedding's own output; the output head's input): later
+  layers see the stream through a normalization, so what matters is the error relative to the
+  stream, which grows ~250x through SmolLM2's 30 layers. Without that division the proxy rose
+  with depth where the measured KLD falls (Spearman -0.17 over SmolLM2's layers; with it 0.84).
+  Cost: one forward pass of the calibration windows (the importance matrix and the residual
+  norms) and numpy quantization of the weights; no forward pass per candidate.
 """
 
 from __future__ import annotations
@@ -62,7 +67,9 @@ class TensorScore(BaseModel):
     kind: str
     params: int
     width: int
-    proxy: dict[str, float] = Field(description="E||dW x||^2 per type (calibration tokens)")
+    proxy: dict[str, float] = Field(
+        description="E||dW x||^2 / E||h||^2 per type (calibration tokens; h: the residual stream there)"
+    )
 
 
 class UnitScore(BaseModel):
@@ -91,6 +98,9 @@ class Profile(BaseModel):
     tensors: list[TensorScore]
     spearman: dict[str, float | None] = Field(default_factory=dict)
     cost: dict[str, float | int] = Field(default_factory=dict)
+    residual_norms: list[float] = Field(
+        default_factory=list, description="E||h||^2 entering each decoder layer, then leaving the last"
+    )
 
     def layer_units(self) -> list[UnitScore]:
         return [unit for unit in self.units if unit.kind == "layer"]
@@ -176,8 +186,9 @@ def open_workbench(recipe: Recipe, trust_remote_code: bool, reporter: Reporter) 
     return Workbench(recipe, source, tokens, resolve_device(recipe.device), base_gguf, reporter)
 
 
-def proxy_scores(bench: Workbench) -> tuple[list[TensorScore], float]:
-    """The proxy error of every quantized tensor at every ``PROXY_TYPES`` type; with its seconds."""
+def proxy_scores(bench: Workbench) -> tuple[list[TensorScore], float, list[float]]:
+    """The proxy error of every quantized tensor at every ``PROXY_TYPES`` type, relative to the
+    residual stream where it acts; with its seconds and the residual norms."""
     import gguf
     import numpy as np
 
@@ -188,9 +199,10 @@ def proxy_scores(bench: Workbench) -> tuple[list[TensorScore], float]:
     info = inspect_gguf(bench.base_gguf)
     calibration = _calibration(bench)
     with bench.reporter.stage("importance matrix (one pass over the calibration windows)"):
-        matrix = imatrix.compute(
+        computed = imatrix.compute(
             bench.source.path, calibration, info.architecture or "", info.input_widths, bench.device
-        ).means()
+        )
+    matrix, residual = computed.means(), computed.residual
     counts = np.bincount(np.asarray(calibration.ids).reshape(-1))
     reader = gguf.GGUFReader(bench.base_gguf)
     scored: list[TensorScore] = []
@@ -215,8 +227,9 @@ def proxy_scores(bench: Workbench) -> tuple[list[TensorScore], float]:
                 picked = np.linspace(0, len(weights) - 1, SAMPLED_ROWS).round().astype(np.int64)
                 weights, scale = weights[picked], len(weights) / SAMPLED_ROWS
             weights = np.ascontiguousarray(weights)
-            proxy = {kind: scale * _error(weights, kind, column, row_weight) for kind in PROXY_TYPES}
             match = _LAYER.match(tensor.name)
+            scale /= _stream(residual, tensor.name, int(match.group(1)) if match else None)
+            proxy = {kind: scale * _error(weights, kind, column, row_weight) for kind in PROXY_TYPES}
             scored.append(
                 TensorScore(
                     name=tensor.name,
@@ -228,7 +241,15 @@ def proxy_scores(bench: Workbench) -> tuple[list[TensorScore], float]:
                 )
             )
             step(1)
-    return scored, round(time.perf_counter() - start, 3)
+    return scored, round(time.perf_counter() - start, 3), [round(value, 4) for value in residual]
+
+
+def _stream(residual: Sequence[float], name: str, layer: int | None) -> float:
+    """E||h||^2 of the residual stream where tensor ``name`` acts (1 where it was not measured):
+    entering its layer; the embedding's output (entering layer 0); the head's input."""
+    index = layer if layer is not None else (0 if name == EMBEDDING else len(residual) - 1)
+    value = residual[index] if 0 <= index < len(residual) else 0.0
+    return value if value > 0 else 1.0
 
 
 def _calibration(bench: Workbench) -> TokenWindows:
@@ -388,7 +409,7 @@ def build_profile(request: ProfileRequest, reporter: Reporter) -> Profile:
     """Proxy always, measured unless asked not to; with the Spearman figures and the cost."""
     check_types(request.base, request.low)
     bench = open_workbench(request.recipe, request.trust_remote_code, reporter)
-    tensors, proxy_s = proxy_scores(bench)
+    tensors, proxy_s, residual = proxy_scores(bench)
     units = units_of(tensors)
     scores = unit_scores(tensors, units, request.low, request.base)
     windows = bench.tokens.eval_windows()
@@ -427,6 +448,7 @@ def build_profile(request: ProfileRequest, reporter: Reporter) -> Profile:
         units=scores,
         tensors=tensors,
         cost=cost,
+        residual_norms=residual,
     )
     if request.measured:
         profile.spearman = correlations(profile)

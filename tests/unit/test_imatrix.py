@@ -78,3 +78,28 @@ def test_the_head_computes_every_position_only_when_it_is_a_tensor_of_its_own(
     expected = sum((x * x).sum(0) for x in captured)
     assert isinstance(expected, torch.Tensor)
     np.testing.assert_allclose(sums["blk.1.ffn_down.weight"], expected.numpy(), rtol=1e-5)
+
+
+def test_the_residual_stream_norms_leave_each_windows_first_position_out(tmp_path: Path) -> None:
+    """E||h||^2 entering each decoder layer and leaving the last, over every position but each
+    window's first: what the search's proxy divides each tensor's error by."""
+    from transformers import AutoModelForCausalLM
+
+    model_dir = _tiny_llama(tmp_path / "m", tied=True)
+    ids = np.random.default_rng(1).integers(1, VOCAB, size=(3, 64))
+    windows = TokenWindows(ids=ids, seq_len=64, hash="x")
+    matrix = imatrix.compute(model_dir, windows, "llama", _tensors(True), "cpu")
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    with torch.inference_mode():
+        out = model(input_ids=torch.as_tensor(ids), output_hidden_states=True)
+    # hidden_states: the embeddings (entering layer 0), layer 0's output (entering layer 1), and
+    # the last layer's output after the final norm: recompute that one before the norm
+    entering = [h[:, 1:].pow(2).sum(-1).mean().item() for h in out.hidden_states[:-1]]
+    captured: list[torch.Tensor] = []
+    hook = model.model.norm.register_forward_pre_hook(lambda _m, inputs: captured.append(inputs[0]))
+    with torch.inference_mode():
+        model(input_ids=torch.as_tensor(ids))
+    hook.remove()
+    leaving = captured[0][:, 1:].pow(2).sum(-1).mean().item()
+    assert len(matrix.residual) == 3
+    np.testing.assert_allclose(matrix.residual, [*entering, leaving], rtol=1e-5)
