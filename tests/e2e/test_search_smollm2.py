@@ -97,3 +97,20 @@ def test_a_budget_no_candidate_meets_exits_1_naming_the_closest(
     assert code == 1, err
     assert "error: no candidate met KLD <= 1e-06; the closest was search-01" in err
     assert not (out / "chosen-recipe.yaml").exists()
+
+
+def test_the_proxy_ranks_the_layers_like_the_measured_profile(searched: tuple[Path, dict]) -> None:
+    """#17's bar for a proxy: Spearman >= 0.8 over SmolLM2's 30 layers against the measured
+    profile (bench/results/sensitivity_smollm2.json: each layer alone at Q4_0, the rest Q8_0,
+    scored in llama.cpp). The search's own proxy here (4 x 128 calibration tokens) scores 0.83;
+    the error in absolute terms, without the residual stream's norm, scored -0.17."""
+    from quantkit.search.profile import spearman
+
+    out, _ = searched
+    proxy = {u["unit"]: u["proxy"] for u in json.loads((out / "sensitivity.json").read_text())["units"]}
+    bench = Path(__file__).parents[2] / "bench" / "results" / "sensitivity_smollm2.json"
+    measured = {u["unit"]: u["kld_increase"] for u in json.loads(bench.read_text())["units"]}
+    layers = [f"layer {i}" for i in range(30)]
+    rho = spearman([proxy[name] for name in layers], [measured[name] for name in layers])
+    print(f"Spearman proxy vs measured over the layers: {rho:.3f}")
+    assert rho is not None and rho >= 0.8
