@@ -16,8 +16,29 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("QUANTKIT_NO_BENCH", "1")
 
 
+# The modules that take longest (minutes of one worker each, `make test`'s --durations): run
+# first, so that two workers (`--dist loadfile`) end together instead of one finishing the
+# longest module alone while the other idles.
+LONGEST_FIRST = (
+    "tests/e2e/test_weight_only_smollm2.py",
+    "tests/e2e/test_gemma3.py",
+    "tests/e2e/test_gguf_smollm2.py",
+    "tests/e2e/test_autoround_smollm2.py",
+    "tests/e2e/test_sweep_smollm2.py",
+    "tests/e2e/test_smollm2.py",
+    "tests/e2e/test_search_smollm2.py",
+)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """``gpu`` tests run only where torch sees a CUDA device."""
+    """The longest modules first (a stable sort: every worker collects the same order);
+    ``gpu`` tests run only where torch sees a CUDA device."""
+
+    def rank(item: pytest.Item) -> int:
+        path = item.nodeid.split("::")[0]
+        return LONGEST_FIRST.index(path) if path in LONGEST_FIRST else len(LONGEST_FIRST)
+
+    items.sort(key=rank)
     gpu = [item for item in items if item.get_closest_marker("gpu")]
     if not gpu:
         return

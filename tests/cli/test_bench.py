@@ -134,11 +134,11 @@ def test_the_workers_use_the_threads_omp_num_threads_allows(
     import os
 
     spec = BenchSpec(prompt_lengths=[16], decode_tokens=2, repeats=1, batch_size=1)
-    target = perf.BenchTarget(tiny_model, "hf")
+    settings = perf.worker_settings(perf.BenchTarget(tiny_model, "hf"), "cpu", spec)
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
-    assert perf.measure(target, target, None, "cpu", spec).artifact.threads == 1
+    assert perf._worker(settings).threads == 1
     monkeypatch.delenv("OMP_NUM_THREADS")
-    assert perf.measure(target, target, None, "cpu", spec).artifact.threads == os.cpu_count()
+    assert perf._worker(settings).threads == os.cpu_count()
 
 
 @pytest.mark.parametrize(("value", "expected"), [("1", 1), ("3", 3), ("0", None), ("x", None), ("", None)])
