@@ -4,6 +4,7 @@ GGUF per-tensor mix that meets a quality budget)."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import cast
 
 import typer
 
@@ -82,7 +83,12 @@ def search(
     max_ppl_increase: str | None = typer.Option(
         None, "--max-ppl-increase", help="quality budget: perplexity increase, e.g. 3%"
     ),
-    objective: str = typer.Option("size", "--objective", help="what to minimise: size (bits per weight)"),
+    objective: str = typer.Option(
+        "size",
+        "--objective",
+        help="what the winner is best at: size (bits per weight), decode (measured tokens/s) or "
+        "memory (measured peak bytes)",
+    ),
     max_candidates: int = typer.Option(6, "--max-candidates", help="candidates evaluated at most"),
     seed: int = typer.Option(0, "--seed", help="seed of the path's tie-breaking"),
     profile: Path | None = typer.Option(
@@ -94,12 +100,13 @@ def search(
     trust_remote_code: bool = typer.Option(False, "--trust-remote-code", help="allow model code"),
     output_format: OutputFormat = FormatOption,
 ) -> None:
-    """The smallest GGUF per-tensor mix that meets a quality budget, evaluated as a sweep."""
+    """The GGUF per-tensor mix that meets a quality budget at the least size (or the fastest
+    decode, or the least memory, measured), its candidates evaluated as a sweep."""
     from quantkit.cli.gate import _percent
     from quantkit.cli.sweep_view import RichSweepView
     from quantkit.paths import runs_dir
     from quantkit.progress import Reporter
-    from quantkit.search.driver import SearchRequest, budget_from, check_request, run_search
+    from quantkit.search.driver import Objective, SearchRequest, budget_from, check_request, run_search
     from quantkit.search.profile import profile_recipe
     from quantkit.sweep.driver import SilentView
 
@@ -108,7 +115,14 @@ def search(
     recipe = profile_recipe(model, overrides, device_value(device))
     folder = (out if out is not None else runs_dir() / "search").resolve()
     request = SearchRequest(
-        recipe, budget, folder, max_candidates, seed, profile, trust_remote_code=trust_remote_code
+        recipe,
+        budget,
+        folder,
+        max_candidates,
+        seed,
+        profile,
+        trust_remote_code=trust_remote_code,
+        objective=cast("Objective", objective),
     )
     human = output_format == OutputFormat.human
     result = run_search(

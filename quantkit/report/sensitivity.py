@@ -103,17 +103,25 @@ def candidates_table(record: SearchRecord) -> Table:
     from rich.table import Table
 
     table = Table(title=f"search on {record.model}: {record.budget.describe()}, objective {record.objective}")
-    for column in ("candidate", "path step", "predicted bpw", "bpw", "KLD", "budget value", "met"):
+    columns = ["candidate", "path step", "predicted bpw", "bpw", "KLD", "budget value"]
+    measured = record.objective != "size"  # the sweep benched the candidates
+    columns += ["decode tok/s", "peak MB"] if measured else []
+    for column in [*columns, "met"]:
         table.add_column(column, justify="left" if column == "candidate" else "right")
     for c in record.candidates:
         met = "—" if c.passed is None else ("yes" if c.passed else "no")
-        table.add_row(
+        row = [
             c.name + (" ★" if c.name == record.chosen else ""),
             str(c.index),
             f"{c.predicted_bpw:.3f}",
             "—" if c.bpw is None else f"{c.bpw:.3f}",
             "—" if c.kld is None else f"{c.kld:.5f}",
             "—" if c.value is None else f"{c.value:.5g}",
-            met if c.error is None else f"failed: {c.error}",
-        )
+        ]
+        if measured:
+            row += [
+                "—" if c.decode_tok_s is None else f"{c.decode_tok_s:.1f}",
+                "—" if c.peak_memory_bytes is None else f"{c.peak_memory_bytes / 1e6:.1f}",
+            ]
+        table.add_row(*row, met if c.error is None else f"failed: {c.error}")
     return table

@@ -32,8 +32,15 @@ if TYPE_CHECKING:
     from quantkit.sweep.driver import SweepResult, SweepView
 
 BudgetMetric = Literal["kld_mean", "ppl_increase_pct"]
+Objective = Literal["size", "decode", "memory"]
 FORMATS = ("gguf",)
-OBJECTIVES = ("size",)
+OBJECTIVES: tuple[Objective, ...] = ("size", "decode", "memory")
+# what each objective ranks the candidates that met the budget by, as the report words it
+OBJECTIVE_TERMS = {
+    "size": "the fewest bits per weight",
+    "decode": "the fastest measured decode (tokens/s, llama.cpp)",
+    "memory": "the least measured peak memory (llama.cpp)",
+}
 
 
 class Budget(BaseModel):
@@ -58,6 +65,8 @@ class Candidate(BaseModel):
     value: float | None = None
     kld: float | None = None
     bpw: float | None = None
+    decode_tok_s: float | None = None
+    peak_memory_bytes: float | None = None
     passed: bool | None = None
     error: str | None = None
 
@@ -67,7 +76,7 @@ class SearchRecord(BaseModel):
 
     model: str
     budget: Budget
-    objective: str
+    objective: Objective
     seed: int
     max_candidates: int
     profile: str
@@ -92,6 +101,7 @@ class SearchRequest:
     profile: Path | None = None
     tolerance_bpw: float = 0.02
     trust_remote_code: bool = False
+    objective: Objective = "size"
 
 
 @dataclass
@@ -112,7 +122,8 @@ def check_request(formats: list[str], objective: str, max_candidates: int) -> No
         )
     if objective not in OBJECTIVES:
         raise UserInputError(
-            f"objective '{objective}' is not searched yet", "use --objective size (bits per weight)"
+            f"unknown objective '{objective}'",
+            "use --objective size (bits per weight), decode (tokens/s) or memory (peak bytes)",
         )
     if max_candidates < 1:
         raise UserInputError("--max-candidates must be at least 1", "e.g. --max-candidates 6")
@@ -153,7 +164,7 @@ def run_search(request: SearchRequest, reporter: Reporter, view: SweepView | Non
     record = SearchRecord(
         model=profile.model,
         budget=request.budget,
-        objective="size",
+        objective=request.objective,
         seed=request.seed,
         max_candidates=request.max_candidates,
         profile=source,
@@ -285,6 +296,9 @@ def _evaluate(
     candidate.kld = metrics["kld_mean"]["value"]
     candidate.value = metrics[request.budget.metric]["value"]
     candidate.bpw = manifest["artifact"]["details"]["bits_per_weight"]
+    if request.objective != "size":  # the sweep benched every run in llama.cpp
+        candidate.decode_tok_s = _metric(metrics, "decode_tok_s")
+        candidate.peak_memory_bytes = _metric(metrics, "peak_memory_bytes")
     candidate.passed = candidate.value is not None and candidate.value <= request.budget.limit
     return candidate
 
@@ -320,15 +334,47 @@ def _sweep(request: SearchRequest, recipes: list[Path], view: SweepView | None) 
         recipes=[RecipeEntry(recipe=str(path)) for path in recipes],
     )
     sweep_request = SweepRequest(
-        spec=spec, out=request.out / "sweep", bench=False, trust_remote_code=request.trust_remote_code
+        spec=spec,
+        out=request.out / "sweep",
+        bench=request.objective != "size",  # decode speed and memory are measured, not predicted
+        trust_remote_code=request.trust_remote_code,
     )
     return run_sweep(sweep_request, view)
 
 
+def _metric(metrics: dict[str, dict[str, float | None]], name: str) -> float | None:
+    entry = metrics.get(name)
+    return None if entry is None else entry.get("value")
+
+
+def _rank(candidate: Candidate, objective: Objective) -> tuple[float, float]:
+    """Sort key of a candidate that met the budget: its objective, then its bits per weight."""
+    bpw = candidate.bpw or 0.0
+    if objective == "decode":
+        return (-(candidate.decode_tok_s or 0.0), bpw)
+    if objective == "memory":
+        return (candidate.peak_memory_bytes or 0.0, bpw)
+    return (bpw, candidate.value or 0.0)
+
+
+def _objective_value(candidate: Candidate, objective: Objective) -> str:
+    if objective == "decode":
+        return f"{candidate.decode_tok_s:.1f} tokens/s decode, {candidate.bpw} bpw"
+    if objective == "memory":
+        return f"{(candidate.peak_memory_bytes or 0) / 1e6:.1f} MB peak, {candidate.bpw} bpw"
+    return f"{candidate.bpw} bpw"
+
+
 def _choose(request: SearchRequest, record: SearchRecord) -> int:
-    """The candidate with the fewest bits per weight among those that met the budget (exit 0),
-    or none (exit 1): the closest one is named in ``why``."""
+    """The candidate that met the budget with the best objective (exit 0): the fewest bits per
+    weight, the fastest decode or the least peak memory (those two measured by the sweep's
+    bench); or none (exit 1): the closest one is named in ``why``."""
+    objective = request.objective
     met = [c for c in record.candidates if c.passed and c.bpw is not None]
+    if objective == "decode":
+        met = [c for c in met if c.decode_tok_s]
+    elif objective == "memory":
+        met = [c for c in met if c.peak_memory_bytes]
     if not met:
         scored = [c for c in record.candidates if c.value is not None]
         closest = min(scored, key=lambda c: c.value or 0.0, default=None)
@@ -336,13 +382,13 @@ def _choose(request: SearchRequest, record: SearchRecord) -> int:
             f"; the closest was {closest.name} at {closest.value:.4g} ({closest.bpw} bpw)" if closest else ""
         )
         return 1
-    best = min(met, key=lambda c: (c.bpw or 0.0, c.value or 0.0))
+    best = min(met, key=lambda c: _rank(c, objective))
     record.chosen = best.name
     others = [c for c in record.candidates if c is not best]
     record.why = (
-        f"{best.name} met {request.budget.describe()} (measured {best.value:.4g}) at {best.bpw} bpw, "
-        f"the fewest bits per weight of the {len(met)} candidate(s) that met it"
-        + (f"; {len(others)} other(s) evaluated" if others else "")
+        f"{best.name} met {request.budget.describe()} (measured {best.value:.4g}) at "
+        f"{_objective_value(best, objective)}: {OBJECTIVE_TERMS[objective]} of the {len(met)} "
+        "candidate(s) that met it" + (f"; {len(others)} other(s) evaluated" if others else "")
     )
     chosen = request.out / "chosen-recipe.yaml"
     shutil.copyfile(best.recipe, chosen)

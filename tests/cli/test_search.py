@@ -31,7 +31,7 @@ def refused(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[str, str]:
     ("args", "error"),
     [
         (["search", "--formats", "gguf,gptq", "--max-kld", "0.05"], "GGUF per-tensor mixes only, not gptq"),
-        (["search", "--objective", "decode", "--max-kld", "0.05"], "objective 'decode' is not searched yet"),
+        (["search", "--objective", "latency", "--max-kld", "0.05"], "unknown objective 'latency'"),
         (["search"], "give exactly one quality budget"),
         (["search", "--max-kld", "0.05", "--max-ppl-increase", "3%"], "give exactly one quality budget"),
         (["search", "--max-kld", "0"], "--max-kld 0 is not a positive KLD"),

@@ -114,3 +114,40 @@ def test_the_proxy_ranks_the_layers_like_the_measured_profile(searched: tuple[Pa
     rho = spearman([proxy[name] for name in layers], [measured[name] for name in layers])
     print(f"Spearman proxy vs measured over the layers: {rho:.3f}")
     assert rho is not None and rho >= 0.8
+
+
+def test_a_decode_search_benches_its_candidates_and_names_the_fastest(
+    session_cache: Path, tmp_path: Path
+) -> None:
+    """--objective decode: the sweep measures each candidate's decode speed and peak memory in
+    llama.cpp (the bench), and the winner is the fastest that met the budget."""
+    os.environ["QUANTKIT_CACHE"] = str(session_cache)
+    out = tmp_path / "search"
+    args = [
+        "search",
+        "--max-kld",
+        "0.08",
+        "--max-candidates",
+        "1",
+        "--objective",
+        "decode",
+        "--out",
+        str(out),
+    ]
+    bench = [
+        "--set",
+        "bench.prompt_lengths=[32]",
+        "--set",
+        "bench.decode_tokens=8",
+        "--set",
+        "bench.repeats=1",
+    ]
+    assert main([*args, *SMALL, *bench, "--format", "json"]) == 0
+    record = json.loads((out / "search.json").read_text())
+    assert record["objective"] == "decode"
+    (candidate,) = record["candidates"]
+    print(json.dumps(candidate, indent=1), record["why"])
+    assert candidate["decode_tok_s"] > 1 and 50e6 < candidate["peak_memory_bytes"] < 4e9
+    assert record["chosen"] == candidate["name"]
+    assert f"{candidate['decode_tok_s']:.1f} tokens/s decode" in record["why"]
+    assert "the fastest measured decode" in record["why"]

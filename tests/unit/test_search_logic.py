@@ -115,3 +115,56 @@ def test_the_next_candidate_stays_inside_the_bracket() -> None:
     assert nxt == 6
     low = _next_index(path, 0.0, (2, 7), 1.0)  # nothing predicted to pass: bisect
     assert low is not None and 2 < low < 7
+
+
+def _record_with(tmp_path, objective: str):
+    """Three candidates: A met the budget at 5.0 bpw, 40 tok/s, 300 MB; B met it at 5.5 bpw, 55
+    tok/s, 320 MB; C did not (the smallest, fastest, leanest)."""
+    from quantkit.search.driver import Budget, Candidate, SearchRecord, SearchRequest
+
+    rows = {"A": (5.0, 40.0, 300e6, 0.04), "B": (5.5, 55.0, 320e6, 0.03), "C": (4.6, 70.0, 250e6, 0.2)}
+    candidates = []
+    for name, (bpw, decode, memory, kld) in rows.items():
+        recipe = tmp_path / f"{name}.yaml"
+        recipe.write_text(f"name: {name}\n")
+        candidates.append(
+            Candidate(name=name, index=1, predicted_bpw=bpw, predicted_kld_increase=0.0, run_id=name,
+                      recipe=str(recipe), value=kld, kld=kld, bpw=bpw, decode_tok_s=decode,
+                      peak_memory_bytes=memory, passed=kld <= 0.05)
+        )  # fmt: skip
+    budget = Budget(metric="kld_mean", limit=0.05)
+    record = SearchRecord(
+        model="m", budget=budget, objective=objective, seed=0, max_candidates=3, profile="proxy",
+        path_steps=3, path_bpw=[8.5, 4.5], candidates=candidates,
+    )  # fmt: skip
+    request = SearchRequest(recipe=None, budget=budget, out=tmp_path, objective=objective)  # type: ignore[arg-type]
+    return request, record
+
+
+@pytest.mark.parametrize(
+    ("objective", "winner", "said"),
+    [
+        ("size", "A", "at 5.0 bpw: the fewest bits per weight of the 2 candidate(s)"),
+        ("decode", "B", "at 55.0 tokens/s decode, 5.5 bpw: the fastest measured decode"),
+        ("memory", "A", "at 300.0 MB peak, 5.0 bpw: the least measured peak memory"),
+    ],
+)
+def test_the_winner_is_the_best_at_the_objective_among_those_that_met_the_budget(
+    tmp_path, objective: str, winner: str, said: str
+) -> None:
+    """C is smaller, faster and leaner but missed the budget: never chosen."""
+    from quantkit.search.driver import _choose
+
+    request, record = _record_with(tmp_path, objective)
+    assert _choose(request, record) == 0
+    assert record.chosen == winner and said in record.why, record.why
+    assert (tmp_path / "chosen-recipe.yaml").read_text() == f"name: {winner}\n"
+
+
+def test_a_decode_search_without_measured_speeds_chooses_none(tmp_path) -> None:
+    from quantkit.search.driver import _choose
+
+    request, record = _record_with(tmp_path, "decode")
+    for candidate in record.candidates:
+        candidate.decode_tok_s = None
+    assert _choose(request, record) == 1 and record.chosen is None
