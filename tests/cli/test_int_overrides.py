@@ -213,3 +213,14 @@ def test_an_engine_without_overrides_is_refused_naming_the_one_with_them(
     assert _quantize("gptq-w4a16-g128-gptqmodel", tiny_model, tmp_path / "run", "--set", setting) == 2
     err = capsys.readouterr().err
     assert "options.overrides is an option of the GPTQ engine llmcompressor" in err
+
+
+def test_a_3_bit_override_is_packed_densely(tiny_model: Path, tmp_path: Path) -> None:
+    """compressed-tensors packs 3-bit weights across int32 boundaries: ceil(256 * 3 / 32) = 24
+    columns for down_proj's 256-wide rows (not 256 / 10 rounded up, as whole weights per int32)."""
+    out = tmp_path / "run"
+    setting = f"options.overrides=[{{targets: [{DOWN_0}], bits: 3}}]"
+    assert _quantize("rtn-w4a16-g64", tiny_model, out, "--set", setting) == 0
+    assert _headers(out / "artifact")[f"{DOWN_0}.weight_packed"] == [128, 24]
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["artifact"]["details"]["overrides"][0]["scheme"] == "W3A16-g32"
