@@ -44,14 +44,30 @@ class IntScheme(BaseModel):
         return any(_match(target, name) for target in self.targets)
 
     def scheme_name(self) -> str:
-        group = f"g{self.group_size}" if self.group_size else "per-channel"
-        return f"W{self.bits}A16-{group}{'' if self.symmetric else '-asym'}"
+        return int_scheme_name(self.bits, self.group_size, self.symmetric)
 
     def effective_bits(self) -> float:
-        """Bits per weight including the fp16 scale (and zero point) per group."""
-        if not self.group_size:
-            return float(self.bits)
-        return self.bits + (16 + (0 if self.symmetric else self.bits)) / self.group_size
+        return int_effective_bits(self.bits, self.group_size, self.symmetric)
+
+
+def int_scheme_name(bits: int, group_size: int | None, symmetric: bool) -> str:
+    """``W4A16-g128``, ``W8A16-per-channel``, ``W4A16-g64-asym``."""
+    group = f"g{group_size}" if group_size else "per-channel"
+    return f"W{bits}A16-{group}{'' if symmetric else '-asym'}"
+
+
+def int_effective_bits(bits: int, group_size: int | None, symmetric: bool) -> float:
+    """Bits per weight including the fp16 scale (and zero point) per group."""
+    if not group_size:
+        return float(bits)
+    return bits + (16 + (0 if symmetric else bits)) / group_size
+
+
+def check_group_size(value: int, per_channel: str = "null") -> int:
+    """A group size must be a power of two >= 8 (``per_channel``: how the field asks for none)."""
+    if value < 8 or value & (value - 1):
+        raise ValueError(f"must be a power of two >= 8 (e.g. 32, 64, 128) or {per_channel} for per-channel")
+    return value
 
 
 class IntOverride(BaseModel):
@@ -87,9 +103,7 @@ class IntOverride(BaseModel):
     @field_validator("group_size")
     @classmethod
     def _power_of_two(cls, value: int | str | None) -> int | str | None:
-        if isinstance(value, int) and (value < 8 or value & (value - 1)):
-            raise ValueError("must be a power of two >= 8 (e.g. 32, 64, 128) or channel")
-        return value
+        return check_group_size(value, per_channel="channel") if isinstance(value, int) else value
 
     def resolved(self, bits: int, group_size: int | None, symmetric: bool) -> IntScheme:
         """This override with the fields it left out taken from the recipe's scheme."""

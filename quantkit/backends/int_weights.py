@@ -8,7 +8,15 @@ from typing import TYPE_CHECKING, Literal, TypeVar
 from pydantic import Field, JsonValue, field_validator
 
 from quantkit.backends.base import Artifact, Backend, BackendOptions, QuantizeJob
-from quantkit.backends.int_overrides import IntOverride, IntScheme, bits_per_module, quantized_linears
+from quantkit.backends.int_overrides import (
+    IntOverride,
+    IntScheme,
+    bits_per_module,
+    check_group_size,
+    int_effective_bits,
+    int_scheme_name,
+    quantized_linears,
+)
 from quantkit.errors import RecipeError
 
 if TYPE_CHECKING:
@@ -29,22 +37,14 @@ class IntSchemeOptions(BackendOptions):
     @field_validator("group_size")
     @classmethod
     def _power_of_two(cls, value: int | None) -> int | None:
-        if value is None or value == -1:
-            return None
-        if value < 8 or value & (value - 1):
-            raise ValueError("must be a power of two >= 8 (e.g. 32, 64, 128) or null for per-channel")
-        return value
+        return None if value is None or value == -1 else check_group_size(value)
 
     def scheme_name(self) -> str:
-        group = f"g{self.group_size}" if self.group_size else "per-channel"
-        return f"W{self.bits}A16-{group}{'' if self.symmetric else '-asym'}"
+        return int_scheme_name(self.bits, self.group_size, self.symmetric)
 
     def effective_bits(self) -> float:
         """Bits per weight including the fp16 scale (and zero point) per group."""
-        if not self.group_size:
-            return float(self.bits)
-        overhead = 16 + (0 if self.symmetric else self.bits)
-        return self.bits + overhead / self.group_size
+        return int_effective_bits(self.bits, self.group_size, self.symmetric)
 
 
 def weights_args(scheme: IntSchemeOptions | IntScheme, actorder: str | None = None) -> dict[str, JsonValue]:
