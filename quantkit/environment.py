@@ -31,6 +31,23 @@ LIBRARIES = (
 )
 
 
+def installed_version(module: str, distribution: str) -> str | None:
+    """``distribution``'s version when ``module`` is importable, else None. Reads the package
+    metadata and the import machinery only (importing a quantization library takes seconds)."""
+    import importlib.util
+
+    try:
+        spec = importlib.util.find_spec(module)
+    except (ImportError, ValueError):  # a parent package broken, or a module without a spec
+        spec = None
+    if spec is None:
+        return None
+    try:
+        return metadata.version(distribution)
+    except metadata.PackageNotFoundError:  # pragma: no cover - importable without metadata
+        return "unknown"
+
+
 def library_versions() -> dict[str, str | None]:
     """Installed versions of the libraries whose behaviour changes quantkit's numbers."""
     versions: dict[str, str | None] = {}

@@ -25,19 +25,12 @@ INSTALL_HINT = "pip install 'quantkit[autoround]'"
 def autoround_version() -> str:
     """AutoRound's installed version, or a MissingDependencyError naming the extra. Reads the
     package metadata and the import machinery only (importing AutoRound imports torch)."""
-    import importlib.util
-    from importlib import metadata
+    from quantkit.environment import installed_version
 
-    try:
-        spec = importlib.util.find_spec("auto_round")
-    except (ImportError, ValueError):  # a parent package broken, or a module without a spec
-        spec = None
-    if spec is None:
+    version = installed_version("auto_round", "auto-round")
+    if version is None:
         raise MissingDependencyError("AutoRound is not installed (method: autoround)", INSTALL_HINT)
-    try:
-        return metadata.version("auto-round")
-    except metadata.PackageNotFoundError:  # pragma: no cover - importable without metadata
-        return "unknown"
+    return version
 
 
 class BlockRecorder:

@@ -26,19 +26,12 @@ INSTALL_HINT = "pip install 'quantkit[gptqmodel]'"
 def gptqmodel_version() -> str:
     """GPTQModel's installed version, or a MissingDependencyError naming the extra. Reads the
     package metadata and the import machinery only: importing GPTQModel takes seconds."""
-    import importlib.util
-    from importlib import metadata
+    from quantkit.environment import installed_version
 
-    try:
-        spec = importlib.util.find_spec("gptqmodel")
-    except (ImportError, ValueError):  # a parent package broken, or a module without a spec
-        spec = None
-    if spec is None:
+    version = installed_version("gptqmodel", "gptqmodel")
+    if version is None:
         raise MissingDependencyError("GPTQModel is not installed (options.engine: gptqmodel)", INSTALL_HINT)
-    try:
-        return metadata.version("gptqmodel")
-    except metadata.PackageNotFoundError:  # pragma: no cover - importable without metadata
-        return "unknown"
+    return version
 
 
 @contextmanager
