@@ -7,6 +7,7 @@ tokens (what llama.cpp's ``llama-imatrix`` collects), keyed by the GGUF tensor n
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -42,7 +43,6 @@ def compute(
 ) -> ImportanceMatrix:
     """Run the HF model over ``windows`` and collect activation statistics per GGUF tensor."""
     import gguf
-    import numpy as np
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -54,17 +54,29 @@ def compute(
     model: Any = AutoModelForCausalLM.from_pretrained(model_path, dtype=compute_dtype(device))
     model = model.to(device).eval()
     name_map = gguf.get_tensor_name_map(arch, model.config.num_hidden_layers)
-    sums: dict[str, Any] = {}
-    counts: dict[str, int] = {}
-    hooks = []
-    hooked: set[torch.nn.Module] = set()
+    names: dict[torch.nn.Module, str] = {}
     for module_name, module in model.named_modules():
         if not isinstance(module, torch.nn.Linear):
             continue
         mapped = name_map.get_name(module_name)
         tensor = f"{mapped}.weight" if mapped else None
-        if tensor is None or gguf_tensors.get(tensor) != module.in_features:
-            continue
+        if tensor is not None and gguf_tensors.get(tensor) == module.in_features:
+            names[module] = tensor
+    if not names:
+        raise BackendError("no linear layer matched a GGUF tensor for the importance matrix", "report this")
+    return collect(model, windows, names, device)
+
+
+def collect(model: Any, windows: TokenWindows, names: Mapping[Any, str], device: str) -> ImportanceMatrix:
+    """Run ``model`` over ``windows``: Σ x² per input column of every linear module in ``names``
+    (keyed by its name there) and the residual stream's mean squared norm per decoder layer."""
+    import numpy as np
+    import torch
+
+    sums: dict[str, Any] = {}
+    counts: dict[str, int] = {}
+    hooks = []
+    for module, tensor in names.items():
 
         def hook(_module: torch.nn.Module, inputs: tuple[torch.Tensor, ...], tensor: str = tensor) -> None:
             x = inputs[0].detach().float().reshape(-1, inputs[0].shape[-1])
@@ -73,9 +85,6 @@ def compute(
             counts[tensor] = counts.get(tensor, 0) + x.shape[0]
 
         hooks.append(module.register_forward_pre_hook(hook))
-        hooked.add(module)
-    if not hooks:
-        raise BackendError("no linear layer matched a GGUF tensor for the importance matrix", "report this")
     layers = [m for name, m in model.named_modules() if re.fullmatch(r"(.+\.)?layers\.\d+", name)]
     residual = [0.0] * (len(layers) + 1)
     seen = [0] * (len(layers) + 1)
@@ -106,7 +115,7 @@ def compute(
     # The output head is hooked only when it is a tensor of its own (untied): otherwise its
     # logits are not needed, and over a large vocabulary (Gemma's 262k) they would be the
     # largest allocation and the largest matmul of the pass. Keep the last position's only.
-    keep = {} if model.get_output_embeddings() in hooked else {"logits_to_keep": 1}
+    keep = {} if model.get_output_embeddings() in names else {"logits_to_keep": 1}
     try:
         with torch.inference_mode():
             for row in windows.ids:

@@ -1,10 +1,10 @@
 """`quantkit sensitivity` (per layer / tensor class profile) and `quantkit search` (the smallest
-GGUF per-tensor mix that meets a quality budget)."""
+GGUF per-tensor or GPTQ per-layer mix that meets a quality budget)."""
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import cast
+from typing import TYPE_CHECKING, cast
 
 import typer
 
@@ -12,26 +12,33 @@ from quantkit.cli.common import FormatOption, device_option, device_value
 from quantkit.cli.output import OutputFormat, RichReporter, emit_json, stderr, stdout
 from quantkit.device import DeviceChoice
 
+if TYPE_CHECKING:
+    from quantkit.search.profile import SearchFormat
+
 ModelOption = typer.Option(None, "--model", "-m", help="HF folder, hub id, .gguf file, or smollm2-135m")
-FormatsOption = typer.Option("gguf", "--formats", help="formats to profile / search (gguf)")
+FormatsOption = typer.Option("gguf", "--formats", help="formats to profile / search: gguf, gptq or gguf,gptq")
 SetOption = typer.Option(
     [], "--set", "-s", help="eval/calibration/device settings: key.sub=value (eval.num_windows=8)"
 )
 
 
-def _formats(value: str) -> list[str]:
+def _formats(value: str) -> list[SearchFormat]:
     from quantkit.search.driver import check_request
 
     formats = [item.strip().lower() for item in value.split(",") if item.strip()]
-    check_request(formats, "size", 1)
-    return formats
+    check_request(formats, "size", len(formats))
+    return cast("list[SearchFormat]", formats)
 
 
 def sensitivity(
     model: str | None = ModelOption,
     formats: str = FormatsOption,
-    base: str = typer.Option("Q8_0", "--base", help="type of everything but the part measured"),
-    low: str = typer.Option("Q4_0", "--low", help="the candidate low precision of the part measured"),
+    base: str | None = typer.Option(
+        None, "--base", help="type of everything but the part measured (gguf: Q8_0; gptq: W8)"
+    ),
+    low: str | None = typer.Option(
+        None, "--low", help="the candidate low precision of the part measured (gguf: Q4_0; gptq: W4)"
+    ),
     proxy_only: bool = typer.Option(
         False, "--proxy-only", help="only the weight-error proxy (no evaluation per part)"
     ),
@@ -43,37 +50,57 @@ def sensitivity(
     trust_remote_code: bool = typer.Option(False, "--trust-remote-code", help="allow model code"),
     output_format: OutputFormat = FormatOption,
 ) -> None:
-    """KLD increase per decoder layer and tensor class when only that part is quantized low."""
+    """KLD increase per decoder layer and tensor class when only that part is quantized low, for
+    each format (GGUF types in llama.cpp; GPTQ's integer bits in transformers)."""
     from quantkit.fileio import write_text_atomic
     from quantkit.progress import Reporter
     from quantkit.report.sensitivity import profile_html, profile_table
-    from quantkit.search.profile import ProfileRequest, build_profile, check_types, profile_recipe
+    from quantkit.search.profile import (
+        DEFAULT_TYPES,
+        Profile,
+        ProfileRequest,
+        build_profile,
+        check_types,
+        profile_recipe,
+    )
 
-    _formats(formats)
-    base, low = base.upper(), low.upper()
-    check_types(base, low)
-    recipe = profile_recipe(model, overrides, device_value(device), base)
+    chosen = _formats(formats)
+    types = {
+        fmt: ((base or DEFAULT_TYPES[fmt][0]).upper(), (low or DEFAULT_TYPES[fmt][1]).upper())
+        for fmt in chosen
+    }
+    for fmt, (fmt_base, fmt_low) in types.items():
+        check_types(fmt_base, fmt_low, fmt)
+    recipe = profile_recipe(model, overrides, device_value(device), types.get("gguf", ("Q8_0",))[0])
     human = output_format == OutputFormat.human
-    request = ProfileRequest(recipe, base, low, not proxy_only, trust_remote_code)
-    profile = build_profile(request, RichReporter() if human else Reporter())
+    profiles: list[Profile] = []
+    for fmt, (fmt_base, fmt_low) in types.items():
+        request = ProfileRequest(recipe, fmt_base, fmt_low, not proxy_only, trust_remote_code, fmt)
+        profiles.append(build_profile(request, RichReporter() if human else Reporter()))
+    names = ["sensitivity.json"] if len(profiles) == 1 else [f"sensitivity-{p.format}.json" for p in profiles]
     if out is not None:
         out.mkdir(parents=True, exist_ok=True)
-        write_text_atomic(out / "sensitivity.json", profile.model_dump_json(indent=1))
-        write_text_atomic(out / "sensitivity.html", profile_html(profile))
+        for name, profile in zip(names, profiles, strict=True):
+            write_text_atomic(out / name, profile.model_dump_json(indent=1))
+        write_text_atomic(out / "sensitivity.html", profile_html(profiles))
     if not human:
-        emit_json(profile.model_dump(mode="json", exclude={"tensors"}))
+        dumps = [p.model_dump(mode="json", exclude={"tensors"}) for p in profiles]
+        emit_json(dumps[0] if len(dumps) == 1 else {"profiles": dumps})
         return
-    stdout.print(profile_table(profile))
-    cost = profile.cost
-    line = f"proxy: {cost['proxy_forward_passes']} forward passes (calibration), {cost['proxy_s']} s"
-    if "measured_evaluations" in cost:
-        line += (
-            f"; measured: {cost['measured_evaluations']} evaluations = {cost['measured_forward_passes']} "
-            f"forward passes, {cost['measured_s']} s; Spearman proxy vs measured: {profile.spearman}"
-        )
-    stderr.print(line)
+    for profile in profiles:
+        stdout.print(profile_table(profile))
+        cost = profile.cost
+        line = f"{profile.format} proxy: {cost['proxy_forward_passes']} forward passes (calibration), "
+        line += f"{cost['proxy_s']} s"
+        if "measured_evaluations" in cost:
+            line += (
+                f"; measured: {cost['measured_evaluations']} evaluations = "
+                f"{cost['measured_forward_passes']} forward passes, {cost['measured_s']} s; "
+                f"Spearman proxy vs measured: {profile.spearman}"
+            )
+        stderr.print(line)
     if out is not None:
-        stderr.print(f"profile saved to [bold]{out}[/bold] (sensitivity.json, sensitivity.html)")
+        stderr.print(f"profile saved to [bold]{out}[/bold] ({', '.join(names)}, sensitivity.html)")
 
 
 def search(
@@ -91,8 +118,8 @@ def search(
     ),
     max_candidates: int = typer.Option(6, "--max-candidates", help="candidates evaluated at most"),
     seed: int = typer.Option(0, "--seed", help="seed of the path's tie-breaking"),
-    profile: Path | None = typer.Option(
-        None, "--profile", help="a sensitivity.json (measured) to calibrate the proxy with"
+    profile: list[Path] = typer.Option(
+        [], "--profile", help="a sensitivity.json (measured) to calibrate the proxy with; one per format"
     ),
     out: Path | None = typer.Option(None, "--out", "-o", help="the search folder (default runs/search)"),
     overrides: list[str] = SetOption,
@@ -100,8 +127,8 @@ def search(
     trust_remote_code: bool = typer.Option(False, "--trust-remote-code", help="allow model code"),
     output_format: OutputFormat = FormatOption,
 ) -> None:
-    """The GGUF per-tensor mix that meets a quality budget at the least size (or the fastest
-    decode, or the least memory, measured), its candidates evaluated as a sweep."""
+    """The GGUF per-tensor (or GPTQ per-layer) mix that meets a quality budget at the least size
+    (or the fastest decode, or the least memory, measured), its candidates evaluated as a sweep."""
     from quantkit.cli.gate import _percent
     from quantkit.cli.sweep_view import RichSweepView
     from quantkit.paths import runs_dir
@@ -110,7 +137,8 @@ def search(
     from quantkit.search.profile import profile_recipe
     from quantkit.sweep.driver import SilentView
 
-    check_request(_formats(formats), objective, max_candidates)
+    searched = _formats(formats)
+    check_request(searched, objective, max_candidates)
     budget = budget_from(max_kld, _percent(max_ppl_increase, "--max-ppl-increase"))
     recipe = profile_recipe(model, overrides, device_value(device))
     folder = (out if out is not None else runs_dir() / "search").resolve()
@@ -123,6 +151,7 @@ def search(
         profile,
         trust_remote_code=trust_remote_code,
         objective=cast("Objective", objective),
+        formats=searched,
     )
     human = output_format == OutputFormat.human
     result = run_search(

@@ -19,7 +19,8 @@ def profile_table(profile: Profile) -> Table:
     from rich.table import Table
 
     table = Table(
-        title=f"sensitivity of {profile.model}: one part at {profile.low}, the rest at {profile.base}"
+        title=f"{profile.format} sensitivity of {profile.model}: one part at {profile.low}, "
+        f"the rest at {profile.base}"
         + (f" (all-{profile.base} KLD {profile.base_kld:.5f})" if profile.base_kld is not None else "")
     )
     for column in ("part", "kind", "tensors", "params (M)", "KLD increase", "proxy (rank)"):
@@ -75,6 +76,8 @@ def profile_section(profile: Profile) -> str:
     """The profile's charts as an HTML section (per layer and per tensor class; measured and proxy)."""
     measured = profile.base_kld is not None
     what = f"{profile.low} on one part, {profile.base} elsewhere"
+    if profile.format == "gptq":
+        what += f", group size {profile.group_size or 'per channel'}"
     charts = []
     for label, units in (
         ("per decoder layer", profile.layer_units()),
@@ -85,17 +88,19 @@ def profile_section(profile: Profile) -> str:
         charts.append(_bars(f"proxy E||dW x||^2 {label} ({what})", units, False))
     spearman = ", ".join(f"{key} {value}" for key, value in profile.spearman.items()) or "not measured"
     return (
-        "<section><h2>sensitivity profile</h2>"
+        f"<section><h2>sensitivity profile ({escape(profile.format)})</h2>"
         f"<p>{escape(profile.model)}; Spearman (proxy vs measured): {escape(spearman)}; "
         f"cost: {escape(str(profile.cost))}</p>" + "\n".join(charts) + "</section>"
     )
 
 
-def profile_html(profile: Profile) -> str:
+def profile_html(profiles: list[Profile]) -> str:
+    """A page with every format's profile."""
+    sections = "\n".join(map(profile_section, profiles))
     return (
         '<!DOCTYPE html><html lang="en"><head><meta charset="utf-8">'
-        f"<title>quantkit sensitivity — {escape(profile.model)}</title></head><body>"
-        f"<h1>quantkit sensitivity</h1>{profile_section(profile)}</body></html>"
+        f"<title>quantkit sensitivity — {escape(profiles[0].model)}</title></head><body>"
+        f"<h1>quantkit sensitivity</h1>{sections}</body></html>"
     )
 
 
@@ -103,7 +108,7 @@ def candidates_table(record: SearchRecord) -> Table:
     from rich.table import Table
 
     table = Table(title=f"search on {record.model}: {record.budget.describe()}, objective {record.objective}")
-    columns = ["candidate", "path step", "predicted bpw", "bpw", "KLD", "budget value"]
+    columns = ["candidate", "format", "path step", "predicted bpw", "bpw", "KLD", "budget value"]
     measured = record.objective != "size"  # the sweep benched the candidates
     columns += ["decode tok/s", "peak MB"] if measured else []
     for column in [*columns, "met"]:
@@ -112,6 +117,7 @@ def candidates_table(record: SearchRecord) -> Table:
         met = "—" if c.passed is None else ("yes" if c.passed else "no")
         row = [
             c.name + (" ★" if c.name == record.chosen else ""),
+            c.format,
             str(c.index),
             f"{c.predicted_bpw:.3f}",
             "—" if c.bpw is None else f"{c.bpw:.3f}",

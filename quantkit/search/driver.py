@@ -1,14 +1,18 @@
-"""`quantkit search`: the smallest GGUF per-tensor mix that meets a quality budget.
+"""`quantkit search`: the smallest GGUF per-tensor (or GPTQ per-layer) mix that meets a quality budget.
+
+For each format searched (``gguf``, ``gptq``):
 
 1. A sensitivity profile: the proxy (one pass over the calibration windows), or a saved
    ``quantkit sensitivity`` profile (its measured units calibrate the proxy).
 2. The greedy demotion path (``quantkit.search.mix``): from every tensor at ``base`` to every
    tensor at the fewest bits, the least sensitive bits first.
-3. Candidates on the path evaluated for real as one sweep (one baseline reference): the first at
+3. Candidates on the path evaluated for real as one sweep (one baseline reference, shared by
+   every format; ``max_candidates`` split evenly between the formats): the first at
    the predicted budget crossing, then by secant/bisection between the furthest point that met
    the budget and the nearest that did not, until they are adjacent on the path (the frontier),
    their sizes differ by less than ``tolerance_bpw``, or ``max_candidates`` were evaluated.
-4. The winner (fewest bits per weight among those that met the budget) and its recipe YAML.
+4. The winner (the best at the objective among those that met the budget, over every format;
+   sizes are the files' bits per parameter) and its recipe YAML.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from __future__ import annotations
 import json
 import shutil
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
@@ -23,6 +28,7 @@ from typing import TYPE_CHECKING, Literal
 from pydantic import BaseModel, Field, JsonValue
 
 from quantkit.errors import RecipeError, UserInputError
+from quantkit.search.profile import DEFAULT_TYPES, SEARCH_FORMATS, SearchFormat
 
 if TYPE_CHECKING:
     from quantkit.progress import Reporter
@@ -33,7 +39,7 @@ if TYPE_CHECKING:
 
 BudgetMetric = Literal["kld_mean", "ppl_increase_pct"]
 Objective = Literal["size", "decode", "memory"]
-FORMATS = ("gguf",)
+FORMATS = SEARCH_FORMATS
 OBJECTIVES: tuple[Objective, ...] = ("size", "decode", "memory")
 # what each objective ranks the candidates that met the budget by, as the report words it
 OBJECTIVE_TERMS = {
@@ -57,6 +63,7 @@ class Candidate(BaseModel):
     """One evaluated point of the path."""
 
     name: str
+    format: SearchFormat = "gguf"
     index: int
     predicted_bpw: float
     predicted_kld_increase: float
@@ -71,17 +78,26 @@ class Candidate(BaseModel):
     error: str | None = None
 
 
+class FormatPath(BaseModel):
+    """One format's demotion path: where its profile came from, its steps and end sizes."""
+
+    format: SearchFormat
+    profile: str
+    steps: int
+    bpw: list[float] = Field(description="predicted bits per parameter at the path's start and end")
+    group_size: int | None = None
+
+
 class SearchRecord(BaseModel):
-    """``search.json``: the request, the path, every candidate and the winner."""
+    """``search.json``: the request, the paths, every candidate and the winner."""
 
     model: str
     budget: Budget
     objective: Objective
     seed: int
     max_candidates: int
-    profile: str
-    path_steps: int
-    path_bpw: list[float]
+    formats: list[SearchFormat]
+    paths: list[FormatPath]
     candidates: list[Candidate] = Field(default_factory=list)
     chosen: str | None = None
     why: str = ""
@@ -98,10 +114,11 @@ class SearchRequest:
     out: Path
     max_candidates: int = 6
     seed: int = 0
-    profile: Path | None = None
+    profiles: list[Path] = field(default_factory=list)
     tolerance_bpw: float = 0.02
     trust_remote_code: bool = False
     objective: Objective = "size"
+    formats: list[SearchFormat] = field(default_factory=lambda: ["gguf"])
 
 
 @dataclass
@@ -112,21 +129,28 @@ class SearchResult:
     extras: dict[str, JsonValue] = field(default_factory=dict)
 
 
-def check_request(formats: list[str], objective: str, max_candidates: int) -> None:
+def check_request(formats: Sequence[str], objective: str, max_candidates: int) -> None:
     """Refuse what the search does not cover before anything runs."""
     unknown = [name for name in formats if name not in FORMATS]
     if unknown:
         raise UserInputError(
-            f"the search covers GGUF per-tensor mixes only, not {', '.join(unknown)}",
-            "use --formats gguf (per-layer schemes for llm-compressor formats are not searched yet)",
+            f"the search covers GGUF per-tensor and GPTQ per-layer mixes, not {', '.join(unknown)}",
+            "use --formats gguf, gptq or gguf,gptq (AWQ and FP8 mixes are not searched)",
+        )
+    if not formats or len(set(formats)) != len(formats):
+        raise UserInputError(
+            f"--formats {','.join(formats)} names no format or one twice", "e.g. --formats gguf,gptq"
         )
     if objective not in OBJECTIVES:
         raise UserInputError(
             f"unknown objective '{objective}'",
             "use --objective size (bits per weight), decode (tokens/s) or memory (peak bytes)",
         )
-    if max_candidates < 1:
-        raise UserInputError("--max-candidates must be at least 1", "e.g. --max-candidates 6")
+    if max_candidates < max(1, len(formats)):
+        raise UserInputError(
+            f"--max-candidates must be at least 1 per format searched ({len(formats)})",
+            f"e.g. --max-candidates {3 * max(1, len(formats))}",
+        )
 
 
 def load_profile(path: Path) -> Profile:
@@ -145,46 +169,78 @@ def load_profile(path: Path) -> Profile:
 
 
 def run_search(request: SearchRequest, reporter: Reporter, view: SweepView | None = None) -> SearchResult:
-    """Profile, path, candidates as a sweep, winner and its recipe, in ``request.out``."""
+    """Profiles, paths, candidates as one sweep, winner and its recipe, in ``request.out``."""
     from quantkit.search import mix
-    from quantkit.search.profile import ProfileRequest, build_profile
 
     start = time.perf_counter()
     _check_out(request.out)
+    given = _given_profiles(request)
     request.out.mkdir(parents=True, exist_ok=True)
-    if request.profile is not None:
-        profile = load_profile(request.profile)
-        source = str(request.profile)
-    else:
-        profile = build_profile(ProfileRequest(request.recipe, measured=False), reporter)
-        source = "proxy"
-    (request.out / "sensitivity.json").write_text(profile.model_dump_json(indent=1), encoding="utf-8")
+    profiles: dict[str, tuple[Profile, str]] = {}
+    for fmt in request.formats:
+        profiles[fmt] = given.get(fmt) or (_proxy_profile(request, fmt, reporter), "proxy")
+        name = "sensitivity.json" if len(request.formats) == 1 else f"sensitivity-{fmt}.json"
+        (request.out / name).write_text(profiles[fmt][0].model_dump_json(indent=1), encoding="utf-8")
     profile_s = time.perf_counter() - start
-    path = mix.build_path(profile, mix.calibrated(profile), request.seed)
+    paths = {fmt: mix.build_path(p, mix.calibrated(p), request.seed) for fmt, (p, _) in profiles.items()}
     record = SearchRecord(
-        model=profile.model,
+        model=next(iter(profiles.values()))[0].model,
         budget=request.budget,
         objective=request.objective,
         seed=request.seed,
         max_candidates=request.max_candidates,
-        profile=source,
-        path_steps=len(path.steps),
-        path_bpw=[round(path.bpw(0), 4), round(path.bpw(len(path.steps)), 4)],
+        formats=list(request.formats),
+        paths=[
+            FormatPath(
+                format=p.format,
+                profile=source,
+                steps=len(paths[fmt].steps),
+                bpw=[round(paths[fmt].bpw(0), 4), round(paths[fmt].bpw(len(paths[fmt].steps)), 4)],
+                group_size=p.group_size,
+            )
+            for fmt, (p, source) in profiles.items()
+        ],
     )
     search_start = time.perf_counter()
-    _search(request, profile, path, record, view)
+    for position, fmt in enumerate(request.formats):
+        share = (request.max_candidates - len(record.candidates)) // (len(request.formats) - position)
+        _search(request, profiles[fmt][0], paths[fmt], record, view, len(record.candidates) + share)
     record.seconds = {
         "profile": round(profile_s, 3),
         "candidates": round(time.perf_counter() - search_start, 3),
         "total": round(time.perf_counter() - start, 3),
     }
     code = _choose(request, record)
-    _add_profile_to_report(request.out, profile)
+    _add_profile_to_report(request.out, [p for p, _ in profiles.values()])
     (request.out / "search.json").write_text(record.model_dump_json(indent=1), encoding="utf-8")
     return SearchResult(request.out, record, code)
 
 
-def _add_profile_to_report(folder: Path, profile: Profile) -> None:
+def _proxy_profile(request: SearchRequest, fmt: SearchFormat, reporter: Reporter) -> Profile:
+    from quantkit.search.profile import ProfileRequest, build_profile
+
+    base, low = DEFAULT_TYPES[fmt]
+    profile_request = ProfileRequest(request.recipe, base, low, False, request.trust_remote_code, format=fmt)
+    return build_profile(profile_request, reporter)
+
+
+def _given_profiles(request: SearchRequest) -> dict[str, tuple[Profile, str]]:
+    """The ``--profile`` files by format: one per format searched at most, none of another."""
+    given: dict[str, tuple[Profile, str]] = {}
+    for path in request.profiles:
+        profile = load_profile(path)
+        if profile.format not in request.formats or profile.format in given:
+            twice = profile.format in given
+            raise UserInputError(
+                f"'{path}' is a {profile.format} profile"
+                + (", and another was given" if twice else f", not of --formats {','.join(request.formats)}"),
+                "give at most one --profile per format searched",
+            )
+        given[profile.format] = (profile, str(path))
+    return given
+
+
+def _add_profile_to_report(folder: Path, profiles: list[Profile]) -> None:
     """The sweep's HTML report with the sensitivity charts after its quality-vs-size plot."""
     from quantkit.fileio import write_text_atomic
     from quantkit.report.sensitivity import profile_section
@@ -192,13 +248,14 @@ def _add_profile_to_report(folder: Path, profile: Profile) -> None:
     report = folder / "sweep" / "report.html"
     if report.is_file():
         html = report.read_text(encoding="utf-8")
-        write_text_atomic(
-            folder / "report.html", html.replace("</body>", profile_section(profile) + "\n</body>", 1)
-        )
+        sections = "\n".join(map(profile_section, profiles))
+        write_text_atomic(folder / "report.html", html.replace("</body>", sections + "\n</body>", 1))
 
 
 def _check_out(out: Path) -> None:
-    known = ("search.json", "sensitivity.json", "sweep", "candidates")
+    known: tuple[str, ...] = ("search.json", "sensitivity.json", "sweep", "candidates", "report.html")
+    known += ("chosen-recipe.yaml",)
+    known += tuple(f"sensitivity-{fmt}.json" for fmt in FORMATS)
     if out.exists() and any(path.name not in known for path in out.iterdir()):
         raise UserInputError(
             f"'{out}' exists and is not a search folder",
@@ -207,13 +264,19 @@ def _check_out(out: Path) -> None:
 
 
 def _search(
-    request: SearchRequest, profile: Profile, path: DemotionPath, record: SearchRecord, view: SweepView | None
+    request: SearchRequest,
+    profile: Profile,
+    path: DemotionPath,
+    record: SearchRecord,
+    view: SweepView | None,
+    limit: int,
 ) -> None:
-    """Evaluate candidates until the frontier is bracketed or the budget of candidates is spent."""
+    """Evaluate candidates on ``path`` until its frontier is bracketed or ``record`` holds
+    ``limit`` candidates."""
     last = len(path.steps)
     passed, failed = 0, last + 1  # indices known to meet / not to meet the budget (assumed at the ends)
     scale: float | None = None  # measured value per predicted unit, from the evaluated candidates
-    while len(record.candidates) < request.max_candidates:
+    while len(record.candidates) < limit:
         index = _next_index(path, request.budget.limit, (passed, failed), scale)
         if index is None:
             record.frontier_found = True
@@ -231,7 +294,7 @@ def _search(
         if failed - passed <= 1 or (
             failed <= last and path.bpw(passed) - path.bpw(failed) < request.tolerance_bpw
         ):
-            record.frontier_found = passed > 0 or failed <= last
+            record.frontier_found = record.frontier_found or passed > 0 or failed <= last
             break
 
 
@@ -264,20 +327,21 @@ def _evaluate(
     view: SweepView | None,
 ) -> Candidate:
     """Write the candidate's recipe and run every candidate so far as one sweep (finished ones kept)."""
-    from quantkit.search.mix import mix_options
+    from quantkit.search.mix import recipe_options
 
-    name = f"search-{len(record.candidates) + 1:02d}-step{index}"
+    name = f"search-{len(record.candidates) + 1:02d}-{profile.format}-step{index}"
     recipe_path = request.out / "candidates" / f"{name}.yaml"
     recipe_path.parent.mkdir(parents=True, exist_ok=True)
-    options = mix_options(path.mix(index), profile.base)
+    method, options = recipe_options(profile, path.mix(index))
     description = (
-        f"searched GGUF mix: step {index} of {len(path.steps)} on the demotion path, "
-        f"predicted {path.bpw(index):.3f} bpw"
+        f"searched {profile.format.upper()} mix: step {index} of {len(path.steps)} on the demotion "
+        f"path, predicted {path.bpw(index):.3f} bits per parameter"
     )
-    recipe = _candidate_recipe(request, name, description, options)
+    recipe = _candidate_recipe(request, name, description, method, options)
     recipe_path.write_text(recipe.to_yaml(), encoding="utf-8")
     candidate = Candidate(
         name=name,
+        format=profile.format,
         index=index,
         predicted_bpw=round(path.bpw(index), 4),
         predicted_kld_increase=path.predicted(index),
@@ -295,7 +359,8 @@ def _evaluate(
     metrics = manifest["metrics"]["quantized"]
     candidate.kld = metrics["kld_mean"]["value"]
     candidate.value = metrics[request.budget.metric]["value"]
-    candidate.bpw = manifest["artifact"]["details"]["bits_per_weight"]
+    artifact = manifest["artifact"]  # the whole file's bits per parameter (GGUF: the file's own count)
+    candidate.bpw = artifact.get("file_bpw") or artifact["details"].get("bits_per_weight")
     if request.objective != "size":  # the sweep benched every run in llama.cpp
         candidate.decode_tok_s = _metric(metrics, "decode_tok_s")
         candidate.peak_memory_bytes = _metric(metrics, "peak_memory_bytes")
@@ -304,7 +369,7 @@ def _evaluate(
 
 
 def _candidate_recipe(
-    request: SearchRequest, name: str, description: str, options: dict[str, JsonValue]
+    request: SearchRequest, name: str, description: str, method: str, options: dict[str, JsonValue]
 ) -> Recipe:
     from quantkit.recipe import validate_recipe
 
@@ -317,7 +382,7 @@ def _candidate_recipe(
     data = base | {
         "name": name,
         "description": description,
-        "method": "gguf",
+        "method": method,
         "options": options,
         "gates": gates,
     }

@@ -1,7 +1,8 @@
-"""Per-tensor GGUF mixes from a sensitivity profile: a greedy demotion path, and a mix as a recipe.
+"""Per-tensor mixes from a sensitivity profile: a greedy demotion path, and a mix as a recipe.
 
 Every quantized tensor starts at the profile's ``base`` type. Each step of the path moves one
-tensor to a type with fewer bits (``PROXY_TYPES``), the move with the smallest predicted error
+tensor to a type with fewer bits (the profile's ladder: GGUF's legacy types, or W8 -> W4 for
+GPTQ), the move with the smallest predicted error
 increase per bit saved (ties broken by a seeded random order), until every tensor is at the
 fewest-bit type. Predicted error is the proxy, scaled per unit by the measured profile when
 there is one (``calibrated``), so a point on the path is a mix and its predicted KLD increase.
@@ -16,7 +17,7 @@ from dataclasses import dataclass
 
 from pydantic import JsonValue
 
-from quantkit.search.profile import BITS, EMBEDDING, OUTPUT, PROXY_TYPES, Profile, TensorScore
+from quantkit.search.profile import EMBEDDING, OUTPUT, Profile, TensorScore
 
 
 @dataclass(frozen=True)
@@ -65,9 +66,9 @@ def calibrated(profile: Profile) -> dict[str, dict[str, float]]:
     fitting on the layer x class table); without one, the raw proxy.
     """
     base = profile.base
+    types, _ = profile.types()
     table = {
-        t.name: {kind: max(t.proxy[kind] - t.proxy[base], 0.0) for kind in PROXY_TYPES}
-        for t in profile.tensors
+        t.name: {kind: max(t.proxy[kind] - t.proxy[base], 0.0) for kind in types} for t in profile.tensors
     }
     measured = {u.unit: u.kld_increase for u in profile.units if u.kld_increase is not None}
     if not measured:
@@ -110,18 +111,19 @@ def build_path(profile: Profile, errors: Mapping[str, Mapping[str, float]], seed
     import random
 
     rng = random.Random(seed)
-    ladder = PROXY_TYPES[PROXY_TYPES.index(profile.base) :]
+    types, bits_of = profile.types()
+    ladder = types[types.index(profile.base) :]
     tensors = {t.name: t for t in profile.tensors}
     order = list(tensors)
     rng.shuffle(order)
     tie = {name: index for index, name in enumerate(order)}
     state = dict.fromkeys(tensors, profile.base)
-    bits = sum(BITS[profile.base] * t.params for t in tensors.values())
+    bits = sum(bits_of[profile.base] * t.params for t in tensors.values())
     predicted = 0.0
     heap: list[tuple[float, int, str, str]] = []
 
     def push(name: str) -> None:
-        move = _best_move(state[name], ladder, errors[name], tensors[name].params)
+        move = _best_move(state[name], ladder, bits_of, errors[name], tensors[name].params)
         if move is not None:
             heapq.heappush(heap, (move[0], tie[name], name, move[1]))
 
@@ -132,7 +134,7 @@ def build_path(profile: Profile, errors: Mapping[str, Mapping[str, float]], seed
         _, _, name, after = heapq.heappop(heap)
         before = state[name]
         state[name] = after
-        bits -= (BITS[before] - BITS[after]) * tensors[name].params
+        bits -= (bits_of[before] - bits_of[after]) * tensors[name].params
         predicted += errors[name][after] - errors[name][before]
         steps.append(Step(name, before, after, predicted, bits))
         push(name)
@@ -140,7 +142,7 @@ def build_path(profile: Profile, errors: Mapping[str, Mapping[str, float]], seed
     return Path(
         start=dict.fromkeys(tensors, profile.base),
         steps=steps,
-        start_bits=sum(BITS[profile.base] * t.params for t in tensors.values()),
+        start_bits=sum(bits_of[profile.base] * t.params for t in tensors.values()),
         start_predicted=0.0,
         parameters=quantized + profile.other_params,
         other_bits=profile.other_bits,
@@ -148,17 +150,26 @@ def build_path(profile: Profile, errors: Mapping[str, Mapping[str, float]], seed
 
 
 def _best_move(
-    current: str, ladder: Sequence[str], errors: Mapping[str, float], params: int
+    current: str, ladder: Sequence[str], bits: Mapping[str, float], errors: Mapping[str, float], params: int
 ) -> tuple[float, str] | None:
     """The lower type with the smallest error increase per bit saved (the lower convex hull)."""
     here = ladder.index(current)
     best: tuple[float, str] | None = None
     for kind in ladder[here + 1 :]:
-        saved = (BITS[current] - BITS[kind]) * params
+        saved = (bits[current] - bits[kind]) * params
         cost = max(errors[kind] - errors[current], 0.0) / saved
         if best is None or cost < best[0]:
             best = (cost, kind)
     return best
+
+
+def recipe_options(profile: Profile, mix: Mapping[str, str]) -> tuple[str, dict[str, JsonValue]]:
+    """The recipe method and options that quantize ``mix`` in ``profile``'s format."""
+    if profile.format == "gptq":
+        from quantkit.search.int_format import int_mix_options
+
+        return "gptq", int_mix_options(mix, profile.group_size)
+    return "gguf", mix_options(mix, profile.base)
 
 
 def mix_options(mix: Mapping[str, str], base: str) -> dict[str, JsonValue]:

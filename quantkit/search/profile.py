@@ -57,6 +57,19 @@ BITS = {"Q8_0": 8.5, "Q5_1": 6.0, "Q5_0": 5.5, "Q4_1": 5.0, "Q4_0": 4.5, "F16": 
 # quantized independently, so this estimates the whole tensor's error at a fraction of the time
 SAMPLED_ROWS = 256
 _LAYER = re.compile(r"^blk\.(\d+)\.([a-z_]+)\.weight$")
+SearchFormat = Literal["gguf", "gptq"]
+SEARCH_FORMATS: tuple[SearchFormat, ...] = ("gguf", "gptq")
+# the part measured and the rest, unless --low / --base say otherwise
+DEFAULT_TYPES: dict[str, tuple[str, str]] = {"gguf": ("Q8_0", "Q4_0"), "gptq": ("W8", "W4")}
+
+
+def ladder(format: str, group_size: int | None = None) -> tuple[tuple[str, ...], dict[str, float]]:
+    """A format's types from the most bits to the fewest, and each type's bits per weight."""
+    if format == "gptq":
+        from quantkit.search.int_format import INT_TYPES, type_bits
+
+        return INT_TYPES, type_bits(group_size)
+    return PROXY_TYPES, BITS
 
 
 class TensorScore(BaseModel):
@@ -88,6 +101,8 @@ class Profile(BaseModel):
     """What ``quantkit sensitivity`` writes (``sensitivity.json``)."""
 
     model: str
+    format: SearchFormat = "gguf"
+    group_size: int | None = Field(None, description="the integer types' group size (gptq)")
     base: str
     low: str
     eval: dict[str, int]
@@ -107,6 +122,10 @@ class Profile(BaseModel):
 
     def class_units(self) -> list[UnitScore]:
         return [unit for unit in self.units if unit.kind == "class"]
+
+    def types(self) -> tuple[tuple[str, ...], dict[str, float]]:
+        """This profile's ladder of types and their bits per weight."""
+        return ladder(self.format, self.group_size)
 
 
 @dataclass(frozen=True)
@@ -147,7 +166,8 @@ def units_of(tensors: Sequence[TensorScore]) -> list[Unit]:
     """Every decoder layer, then every tensor class present, the embedding and an untied output."""
     layers = sorted({t.layer for t in tensors if t.layer is not None})
     units = [Unit(f"layer {i}", "layer", tuple(t.name for t in tensors if t.layer == i)) for i in layers]
-    for kind in CLASSES:
+    others = sorted({t.kind for t in tensors if t.layer is not None and t.kind not in CLASSES})
+    for kind in (*CLASSES, *others):
         members = tuple(t.name for t in tensors if t.kind == kind)
         if members:
             units.append(Unit(kind, "class", members))
@@ -157,15 +177,20 @@ def units_of(tensors: Sequence[TensorScore]) -> list[Unit]:
     return units
 
 
-def check_types(base: str, low: str) -> None:
-    """``base`` and ``low`` must be legacy types quantkit can score with the proxy too."""
+def check_types(base: str, low: str, format: str = "gguf") -> None:
+    """``base`` and ``low`` must be types of ``format``'s ladder (for GGUF: legacy types quantkit
+    can score with the proxy too)."""
+    types, bits = ladder(format)
+    why = "integer bits, 16-bit activations"
+    if format == "gguf":
+        why = "32-weight blocks: they fit every row width"
     for what, kind in (("--base", base), ("--low", low)):
-        if kind not in PROXY_TYPES:
+        if kind not in types:
             raise RecipeError(
-                f"{what} {kind} is not a type the sensitivity profile uses",
-                f"pick one of {', '.join(PROXY_TYPES)} (32-weight blocks: they fit every row width)",
+                f"{what} {kind} is not a type the {format} sensitivity profile uses",
+                f"pick one of {', '.join(types)} ({why})",
             )
-    if BITS[low] >= BITS[base]:
+    if bits[low] >= bits[base]:
         raise RecipeError(f"--low {low} has no fewer bits than --base {base}", "e.g. --base Q8_0 --low Q4_0")
 
 
@@ -197,7 +222,7 @@ def proxy_scores(bench: Workbench) -> tuple[list[TensorScore], float, list[float
 
     start = time.perf_counter()
     info = inspect_gguf(bench.base_gguf)
-    calibration = _calibration(bench)
+    calibration = calibration_of(bench.tokens)
     with bench.reporter.stage("importance matrix (one pass over the calibration windows)"):
         computed = imatrix.compute(
             bench.source.path, calibration, info.architecture or "", info.input_widths, bench.device
@@ -252,8 +277,9 @@ def _stream(residual: Sequence[float], name: str, layer: int | None) -> float:
     return value if value > 0 else 1.0
 
 
-def _calibration(bench: Workbench) -> TokenWindows:
-    windows = bench.tokens.calibration_windows()
+def calibration_of(tokens: Tokens) -> TokenWindows:
+    """The calibration windows the proxy's importance matrix is computed on."""
+    windows = tokens.calibration_windows()
     if windows is None:
         raise RecipeError("the proxy needs calibration tokens", "remove 'calibration: null'")
     return windows
@@ -403,26 +429,85 @@ class ProfileRequest:
     low: str = "Q4_0"
     measured: bool = True
     trust_remote_code: bool = False
+    format: SearchFormat = "gguf"
+
+
+@dataclass
+class _Pieces:
+    """What a format's profile is made of: its tensors' proxy, how to measure units, the rest."""
+
+    spec: str
+    tokens: Tokens
+    tensors: list[TensorScore]
+    proxy_s: float
+    residual: list[float]
+    measure: Callable[[Sequence[Unit]], tuple[float, dict[str, float]]]
+    others: tuple[int, float]
+    group_size: int | None = None
+    close: Callable[[], None] = lambda: None
+
+
+def _gguf_pieces(request: ProfileRequest, reporter: Reporter) -> _Pieces:
+    bench = open_workbench(request.recipe, request.trust_remote_code, reporter)
+    tensors, proxy_s, residual = proxy_scores(bench)
+    return _Pieces(
+        bench.source.spec,
+        bench.tokens,
+        tensors,
+        proxy_s,
+        residual,
+        lambda units: measure(bench, units, request.base, request.low),
+        _others(bench.base_gguf, tensors, request.base),
+    )
+
+
+def _int_pieces(request: ProfileRequest, reporter: Reporter) -> _Pieces:
+    from quantkit.search.int_format import int_measure, int_others, int_proxy_scores, open_int_bench
+
+    bench = open_int_bench(request.recipe, request.trust_remote_code, reporter)
+    try:
+        tensors, proxy_s, residual = int_proxy_scores(bench)
+    except BaseException:
+        bench.close()
+        raise
+    return _Pieces(
+        bench.source.spec,
+        bench.tokens,
+        tensors,
+        proxy_s,
+        residual,
+        lambda units: int_measure(bench, units, request.base, request.low),
+        int_others(bench, tensors),
+        bench.group_size,
+        bench.close,
+    )
 
 
 def build_profile(request: ProfileRequest, reporter: Reporter) -> Profile:
     """Proxy always, measured unless asked not to; with the Spearman figures and the cost."""
-    check_types(request.base, request.low)
-    bench = open_workbench(request.recipe, request.trust_remote_code, reporter)
-    tensors, proxy_s, residual = proxy_scores(bench)
+    check_types(request.base, request.low, request.format)
+    pieces = (_int_pieces if request.format == "gptq" else _gguf_pieces)(request, reporter)
+    try:
+        return _profile(request, pieces)
+    finally:
+        pieces.close()
+
+
+def _profile(request: ProfileRequest, pieces: _Pieces) -> Profile:
+    tensors = pieces.tensors
     units = units_of(tensors)
     scores = unit_scores(tensors, units, request.low, request.base)
-    windows = bench.tokens.eval_windows()
-    calibration = _calibration(bench)
+    windows = pieces.tokens.eval_windows()
+    calibration = calibration_of(pieces.tokens)
     cost: dict[str, float | int] = {
-        "proxy_s": proxy_s,
+        "proxy_s": pieces.proxy_s,
         "proxy_forward_passes": len(calibration.ids),
         "proxy_tokens": int(calibration.ids.size),
     }
     base_kld = None
     if request.measured:
         start = time.perf_counter()
-        base_kld, klds = measure(bench, units, request.base, request.low)
+        base_kld, klds = pieces.measure(units)
         for unit in scores:
             unit.kld = klds[unit.unit]
             unit.kld_increase = klds[unit.unit] - base_kld
@@ -432,9 +517,11 @@ def build_profile(request: ProfileRequest, reporter: Reporter) -> Profile:
             "measured_forward_passes": (len(units) + 1) * len(windows.ids),
             "measured_tokens": (len(units) + 1) * int(windows.ids.size),
         }
-    other_params, other_bits = _others(bench.base_gguf, tensors, request.base)
+    other_params, other_bits = pieces.others
     profile = Profile(
-        model=bench.source.spec,
+        model=pieces.spec,
+        format=request.format,
+        group_size=pieces.group_size,
         other_params=other_params,
         other_bits=other_bits,
         base=request.base,
@@ -448,7 +535,7 @@ def build_profile(request: ProfileRequest, reporter: Reporter) -> Profile:
         units=scores,
         tensors=tensors,
         cost=cost,
-        residual_norms=residual,
+        residual_norms=pieces.residual,
     )
     if request.measured:
         profile.spearman = correlations(profile)

@@ -4,6 +4,7 @@ themselves are in tests/e2e/test_search_smollm2.py)."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -30,16 +31,32 @@ def refused(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[str, str]:
 @pytest.mark.parametrize(
     ("args", "error"),
     [
-        (["search", "--formats", "gguf,gptq", "--max-kld", "0.05"], "GGUF per-tensor mixes only, not gptq"),
+        (["search", "--formats", "gguf,awq", "--max-kld", "0.05"], "GPTQ per-layer mixes, not awq"),
+        (
+            ["search", "--formats", "gguf,gguf", "--max-kld", "0.05"],
+            "--formats gguf,gguf names no format or one twice",
+        ),
+        (
+            ["search", "--formats", "gguf,gptq", "--max-kld", "0.05", "--max-candidates", "1"],
+            "--max-candidates must be at least 1 per format searched (2)",
+        ),
         (["search", "--objective", "latency", "--max-kld", "0.05"], "unknown objective 'latency'"),
         (["search"], "give exactly one quality budget"),
         (["search", "--max-kld", "0.05", "--max-ppl-increase", "3%"], "give exactly one quality budget"),
         (["search", "--max-kld", "0"], "--max-kld 0 is not a positive KLD"),
         (["search", "--max-ppl-increase", "lots"], "--max-ppl-increase: 'lots' is not a number"),
         (["search", "--max-kld", "0.05", "--max-candidates", "0"], "--max-candidates must be at least 1"),
-        (["sensitivity", "--low", "Q4_K"], "--low Q4_K is not a type the sensitivity profile uses"),
+        (["sensitivity", "--low", "Q4_K"], "--low Q4_K is not a type the gguf sensitivity profile uses"),
+        (
+            ["sensitivity", "--formats", "gptq", "--low", "Q4_0"],
+            "--low Q4_0 is not a type the gptq sensitivity",
+        ),
+        (
+            ["sensitivity", "--formats", "gguf,gptq", "--low", "W4"],
+            "--low W4 is not a type the gguf sensitivity",
+        ),
         (["sensitivity", "--base", "Q4_0", "--low", "Q5_0"], "--low Q5_0 has no fewer bits than --base Q4_0"),
-        (["sensitivity", "--formats", "awq"], "covers GGUF per-tensor mixes only, not awq"),
+        (["sensitivity", "--formats", "fp8"], "GGUF per-tensor and GPTQ per-layer mixes, not fp8"),
         (["sensitivity", "--set", "eval.num_windowz=2"], "eval.num_windowz"),
     ],
 )
@@ -75,3 +92,77 @@ def test_a_bad_profile_file_is_refused(
         "--out", str(tmp_path / "s"), *SMALL,
     )  # fmt: skip
     assert "is not a sensitivity profile" in line and "sensitivity.json" in hint
+
+
+TINY = ["--set", "eval.num_windows=2", "--set", "eval.seq_len=32", "--set", "calibration.num_samples=4",
+        "--set", "calibration.seq_len=32", "--device", "cpu"]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def gptq_profile(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny Llama's GPTQ profile, measured: each unit alone at W4, the rest at W8."""
+    out = tmp_path_factory.mktemp("gptq-profile")
+    assert (
+        main(["sensitivity", "--formats", "gptq", "--model", str(tiny_model), "--out", str(out), *TINY]) == 0
+    )
+    return out / "sensitivity.json"
+
+
+def test_a_gptq_profile_measures_every_layer_and_module_role(gptq_profile: Path) -> None:
+    """In transformers, on the model's own module names: 2 layers + 7 roles, each measured."""
+    profile = json.loads(gptq_profile.read_text())
+    assert (profile["format"], profile["base"], profile["low"], profile["group_size"]) == (
+        "gptq",
+        "W8",
+        "W4",
+        128,
+    )
+    roles = ["attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down"]
+    assert [u["unit"] for u in profile["units"]] == ["layer 0", "layer 1", *roles]
+    assert {t["name"] for t in profile["tensors"]} >= {
+        "model.layers.1.mlp.down_proj",
+        "model.layers.0.self_attn.q_proj",
+    }
+    assert 0 <= profile["base_kld"] < 1e-3  # W8 everywhere: almost the baseline
+    layers = [u["kld_increase"] for u in profile["units"] if u["kind"] == "layer"]
+    assert all(value > 0 for value in layers) and all(u["proxy"] > 0 for u in profile["units"])
+    assert profile["cost"]["measured_evaluations"] == 10
+    assert profile["cost"]["measured_forward_passes"] == 20
+
+
+def test_a_gptq_search_chooses_a_mixed_recipe_that_quantize_reproduces(
+    tiny_model: Path, gptq_profile: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Candidates are GPTQ recipes with per-layer overrides, run as a sweep; the winner's recipe
+    re-run by `quantkit quantize` gives the same KLD and file size."""
+    out = tmp_path / "search"
+    args = ["search", "--formats", "gptq", "--model", str(tiny_model), "--max-kld", "0.0005",
+            "--max-candidates", "2", "--profile", str(gptq_profile), "--out", str(out), "--format", "json",
+            *TINY]  # fmt: skip
+    assert main(args) == 0, capsys.readouterr().err
+    record = json.loads((out / "search.json").read_text())
+    assert record["formats"] == ["gptq"] and record["paths"][0]["steps"] == 14
+    assert record["paths"][0]["profile"] == str(gptq_profile)
+    chosen = next(c for c in record["candidates"] if c["name"] == record["chosen"])
+    assert chosen["format"] == "gptq" and chosen["passed"] and chosen["kld"] <= 0.0005
+    start, end = record["paths"][0]["bpw"]
+    assert end < chosen["predicted_bpw"] < start  # a mix: some layers at W8, some at W4
+    recipe = (out / "chosen-recipe.yaml").read_text()
+    assert "method: gptq" in recipe and "overrides:" in recipe and "max_kld: 0.0005" in recipe
+    rerun = tmp_path / "rerun"
+    assert main(["quantize", str(out / "chosen-recipe.yaml"), "--out", str(rerun), "--no-bench"]) == 0
+    manifest = json.loads((rerun / "manifest.json").read_text())
+    assert manifest["metrics"]["quantized"]["kld_mean"]["value"] == pytest.approx(chosen["kld"], rel=1e-6)
+    assert manifest["artifact"]["file_bpw"] == chosen["bpw"]
+    assert "sensitivity profile (gptq)" in (out / "report.html").read_text()
+
+
+def test_a_profile_of_a_format_not_searched_is_refused(
+    tiny_model: Path, gptq_profile: Path, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    line, hint = refused(
+        capsys, "search", "--formats", "gguf", "--model", str(tiny_model), "--max-kld", "0.1",
+        "--profile", str(gptq_profile), "--out", str(tmp_path / "s"), *SMALL,
+    )  # fmt: skip
+    assert "is a gptq profile, not of --formats gguf" in line and "one --profile per format" in hint
+    assert not (tmp_path / "s").exists()

@@ -120,7 +120,7 @@ def test_the_next_candidate_stays_inside_the_bracket() -> None:
 def _record_with(tmp_path, objective: str):
     """Three candidates: A met the budget at 5.0 bpw, 40 tok/s, 300 MB; B met it at 5.5 bpw, 55
     tok/s, 320 MB; C did not (the smallest, fastest, leanest)."""
-    from quantkit.search.driver import Budget, Candidate, SearchRecord, SearchRequest
+    from quantkit.search.driver import Budget, Candidate, FormatPath, SearchRecord, SearchRequest
 
     rows = {"A": (5.0, 40.0, 300e6, 0.04), "B": (5.5, 55.0, 320e6, 0.03), "C": (4.6, 70.0, 250e6, 0.2)}
     candidates = []
@@ -134,8 +134,8 @@ def _record_with(tmp_path, objective: str):
         )  # fmt: skip
     budget = Budget(metric="kld_mean", limit=0.05)
     record = SearchRecord(
-        model="m", budget=budget, objective=objective, seed=0, max_candidates=3, profile="proxy",
-        path_steps=3, path_bpw=[8.5, 4.5], candidates=candidates,
+        model="m", budget=budget, objective=objective, seed=0, max_candidates=3, formats=["gguf"],
+        paths=[FormatPath(format="gguf", profile="proxy", steps=3, bpw=[8.5, 4.5])], candidates=candidates,
     )  # fmt: skip
     request = SearchRequest(recipe=None, budget=budget, out=tmp_path, objective=objective)  # type: ignore[arg-type]
     return request, record
