@@ -17,6 +17,8 @@ from quantkit.errors import BackendError
 if TYPE_CHECKING:
     import numpy as np
     import numpy.typing as npt
+    import torch
+    from transformers import PreTrainedModel
 
     from quantkit.calibration import TokenWindows
 
@@ -54,7 +56,7 @@ def compute(
     model: Any = AutoModelForCausalLM.from_pretrained(model_path, dtype=compute_dtype(device))
     model = model.to(device).eval()
     name_map = gguf.get_tensor_name_map(arch, model.config.num_hidden_layers)
-    names: dict[torch.nn.Module, str] = {}
+    names: dict[torch.nn.Linear, str] = {}
     for module_name, module in model.named_modules():
         if not isinstance(module, torch.nn.Linear):
             continue
@@ -67,7 +69,9 @@ def compute(
     return collect(model, windows, names, device)
 
 
-def collect(model: Any, windows: TokenWindows, names: Mapping[Any, str], device: str) -> ImportanceMatrix:
+def collect(
+    model: PreTrainedModel, windows: TokenWindows, names: Mapping[torch.nn.Linear, str], device: str
+) -> ImportanceMatrix:
     """Run ``model`` over ``windows``: Σ x² per input column of every linear module in ``names``
     (keyed by its name there) and the residual stream's mean squared norm per decoder layer."""
     import numpy as np
