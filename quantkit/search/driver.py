@@ -203,7 +203,8 @@ def run_search(request: SearchRequest, reporter: Reporter, view: SweepView | Non
     )
     search_start = time.perf_counter()
     for position, fmt in enumerate(request.formats):
-        share = (request.max_candidates - len(record.candidates)) // (len(request.formats) - position)
+        left = len(request.formats) - position  # the candidates left, split evenly, the first formats first
+        share = -(-(request.max_candidates - len(record.candidates)) // left)
         _search(request, profiles[fmt][0], paths[fmt], record, view, len(record.candidates) + share)
     record.seconds = {
         "profile": round(profile_s, 3),

@@ -55,21 +55,39 @@ def test_a_spliced_file_is_what_llama_cpp_writes_with_the_override(smollm2: Path
 def searched(session_cache: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
     os.environ["QUANTKIT_CACHE"] = str(session_cache)
     out = tmp_path_factory.mktemp("search") / "search"
-    args = ["search", "--max-kld", "0.08", "--max-candidates", "2", "--seed", "1", "--out", str(out)]
+    args = ["search", "--formats", "gguf,gptq", "--max-kld", "0.08", "--max-candidates", "3", "--seed", "1",
+            "--out", str(out)]  # fmt: skip
     assert main([*args, *SMALL, "--format", "json"]) == 0
     return out, json.loads((out / "search.json").read_text())
 
 
 def test_search_writes_candidates_a_report_a_profile_and_a_recipe(searched: tuple[Path, dict]) -> None:
+    """Two formats, one sweep: up to two GGUF candidates, then one GPTQ; the winner is the
+    smallest file that met the budget, whichever its format."""
     out, record = searched
-    assert 1 <= len(record["candidates"]) <= 2 and record["chosen"]
+    formats = [c["format"] for c in record["candidates"]]
+    assert formats in (["gguf", "gptq"], ["gguf", "gguf", "gptq"]) and record["chosen"], formats
     chosen = next(c for c in record["candidates"] if c["name"] == record["chosen"])
     assert chosen["passed"] and chosen["kld"] <= 0.08
+    met = [c for c in record["candidates"] if c["passed"]]
+    assert chosen["bpw"] == min(c["bpw"] for c in met)
     assert chosen["bpw"] < 8.5  # something was demoted from the all-Q8_0 start
-    for name in ("search.json", "sweep/sweep.json", "report.html", "sensitivity.json", "chosen-recipe.yaml"):
+    gptq = next(c for c in record["candidates"] if c["format"] == "gptq")
+    start, end = next(p["bpw"] for p in record["paths"] if p["format"] == "gptq")
+    assert end < gptq["predicted_bpw"] < start and 6.5 < gptq["bpw"] < 10.5  # a W8/W4 mix, 16-bit embedding
+    assert 0 < gptq["kld"] < 1.0  # measured in transformers against the same reference
+    files = (
+        "search.json",
+        "sweep/sweep.json",
+        "report.html",
+        "sensitivity-gguf.json",
+        "sensitivity-gptq.json",
+    )
+    for name in (*files, "chosen-recipe.yaml", f"candidates/{gptq['name']}.yaml"):
         assert (out / name).is_file(), name
+    assert "overrides:" in (out / "candidates" / f"{gptq['name']}.yaml").read_text()
     html = (out / "report.html").read_text()
-    assert "sensitivity profile" in html and "<svg" in html
+    assert "sensitivity profile (gguf)" in html and "sensitivity profile (gptq)" in html and "<svg" in html
     print(json.dumps(record["candidates"], indent=1), record["why"])
 
 
@@ -90,7 +108,7 @@ def test_a_budget_no_candidate_meets_exits_1_naming_the_closest(
     searched: tuple[Path, dict], capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
     """Reuses the searched folder's profile through --profile: one candidate, no profile pass."""
-    out, profile = tmp_path / "search", searched[0] / "sensitivity.json"
+    out, profile = tmp_path / "search", searched[0] / "sensitivity-gguf.json"
     args = ["search", "--max-kld", "1e-6", "--max-candidates", "1", "--profile", str(profile), "-o", str(out)]
     code = main([*args, *SMALL])
     err = capsys.readouterr().err
@@ -103,17 +121,24 @@ def test_the_proxy_ranks_the_layers_like_the_measured_profile(searched: tuple[Pa
     """#17's bar for a proxy: Spearman >= 0.8 over SmolLM2's 30 layers against the measured
     profile (bench/results/sensitivity_smollm2.json: each layer alone at Q4_0, the rest Q8_0,
     scored in llama.cpp). The search's own proxy here (4 x 128 calibration tokens) scores 0.83;
-    the error in absolute terms, without the residual stream's norm, scored -0.17."""
+    the error in absolute terms, without the residual stream's norm, scored -0.17. The same for
+    GPTQ's integer proxy against bench/results/sensitivity_smollm2_gptq.json (each layer alone
+    at W4 g64, the rest W8, rounded in transformers)."""
     from quantkit.search.profile import spearman
 
     out, _ = searched
-    proxy = {u["unit"]: u["proxy"] for u in json.loads((out / "sensitivity.json").read_text())["units"]}
-    bench = Path(__file__).parents[2] / "bench" / "results" / "sensitivity_smollm2.json"
-    measured = {u["unit"]: u["kld_increase"] for u in json.loads(bench.read_text())["units"]}
-    layers = [f"layer {i}" for i in range(30)]
-    rho = spearman([proxy[name] for name in layers], [measured[name] for name in layers])
-    print(f"Spearman proxy vs measured over the layers: {rho:.3f}")
-    assert rho is not None and rho >= 0.8
+    for fmt, measured_file in (
+        ("gguf", "sensitivity_smollm2.json"),
+        ("gptq", "sensitivity_smollm2_gptq.json"),
+    ):
+        profile = json.loads((out / f"sensitivity-{fmt}.json").read_text())
+        proxy = {u["unit"]: u["proxy"] for u in profile["units"]}
+        bench = Path(__file__).parents[2] / "bench" / "results" / measured_file
+        measured = {u["unit"]: u["kld_increase"] for u in json.loads(bench.read_text())["units"]}
+        layers = [f"layer {i}" for i in range(30)]
+        rho = spearman([proxy[name] for name in layers], [measured[name] for name in layers])
+        print(f"{fmt}: Spearman proxy vs measured over the layers: {rho:.3f}")
+        assert rho is not None and rho >= 0.8, fmt
 
 
 def test_a_decode_search_benches_its_candidates_and_names_the_fastest(
