@@ -55,6 +55,47 @@ def session_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("quantkit-cache")
 
 
+def shared_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A folder every worker of this pytest session sees: under xdist the parent of the
+    workers' own base folders, else this session's base folder."""
+    base = tmp_path_factory.getbasetemp()
+    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+
+
+class SharedRuns:
+    """`quantkit quantize` runs made once per pytest session and read by every module that asks
+    for the same arguments, whichever worker asks first (the others wait on its lock). Read-only
+    by convention: a test that changes a run copies it first."""
+
+    def __init__(self, root: Path, cache: Path) -> None:
+        self.root = root
+        self.cache = cache
+        root.mkdir(parents=True, exist_ok=True)
+
+    def quantize(self, recipe: str, *args: str) -> tuple[Path, int]:
+        """The run folder of ``quantkit quantize recipe --out DIR *args`` and its exit code."""
+        import fcntl
+        import hashlib
+        import json
+
+        from quantkit.cli import main
+
+        key = hashlib.sha256(json.dumps([recipe, *args]).encode()).hexdigest()[:16]
+        out, code_file = self.root / key, self.root / f"{key}.code"
+        with (self.root / f"{key}.lock").open("a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            if not code_file.is_file():
+                os.environ["QUANTKIT_CACHE"] = str(self.cache)
+                code = main(["quantize", recipe, "--out", str(out), *args])
+                code_file.write_text(str(code))
+            return out, int(code_file.read_text())
+
+
+@pytest.fixture(scope="session")
+def shared_runs(tmp_path_factory: pytest.TempPathFactory, session_cache: Path) -> SharedRuns:
+    return SharedRuns(shared_root(tmp_path_factory) / "shared-runs", session_cache)
+
+
 @pytest.fixture(autouse=True)
 def isolated_cache(session_cache: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
     """Every test uses the session's cache and its own runs folder."""

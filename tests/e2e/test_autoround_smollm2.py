@@ -21,7 +21,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import E2E_BUDGET, require_extra
+from conftest import E2E_BUDGET, SharedRuns, require_extra
 
 from quantkit.cli import main
 
@@ -46,15 +46,14 @@ GPTQ_ENGINES_FED_HASH = "9169e94bf9c1b7f0bace5627c000bb5325dcd7d001f393b623fa094
 
 
 @pytest.fixture(scope="module")
-def runs(session_cache: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
+def runs(session_cache: Path, shared_runs: SharedRuns) -> dict[str, dict]:
     os.environ["QUANTKIT_CACHE"] = str(session_cache)
-    root = tmp_path_factory.mktemp("autoround")
     manifests = {}
     for name, args in RUNS.items():
-        out = root / name
         # 1: a gate failed, the run is complete (checked per run below, so one run's gate does
         # not hide the others' checks)
-        assert main(["quantize", args[0], "--out", str(out), *E2E_BUDGET, *args[1:]]) in (0, 1)
+        out, code = shared_runs.quantize(args[0], *E2E_BUDGET, *args[1:])
+        assert code in (0, 1)
         manifests[name] = json.loads((out / "manifest.json").read_text()) | {"_path": str(out)}
     return manifests
 

@@ -9,7 +9,7 @@ import os
 from pathlib import Path
 
 import pytest
-from conftest import E2E_BUDGET, require_extra
+from conftest import E2E_BUDGET, SharedRuns, require_extra
 
 from quantkit.cli import main
 
@@ -29,14 +29,13 @@ RUNS = {
 
 
 @pytest.fixture(scope="module")
-def runs(session_cache: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
+def runs(session_cache: Path, shared_runs: SharedRuns) -> dict[str, dict]:
     os.environ["QUANTKIT_CACHE"] = str(session_cache)
-    root = tmp_path_factory.mktemp("gguf")
     manifests = {}
     for name, args in RUNS.items():
-        out = root / name
         # every type passes its recipe gate on SmolLM2 (Q8_0: max_kld 0.01; 4-bit types: 0.2)
-        assert main(["quantize", args[0], "--out", str(out), *E2E_BUDGET, *args[1:]]) == 0
+        out, code = shared_runs.quantize(args[0], *E2E_BUDGET, *args[1:])
+        assert code == 0
         manifests[name] = json.loads((out / "manifest.json").read_text()) | {"_path": str(out)}
     return manifests
 

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import E2E_BUDGET
+from conftest import E2E_BUDGET, SharedRuns
 
 from quantkit.cli import main
 
@@ -42,15 +42,14 @@ if HAS_GPTQMODEL:  # llm-compressor's dampening (0.01), so the engine is the one
 
 
 @pytest.fixture(scope="module")
-def runs(session_cache: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
+def runs(session_cache: Path, shared_runs: SharedRuns) -> dict[str, dict]:
     os.environ["QUANTKIT_CACHE"] = str(session_cache)
-    root = tmp_path_factory.mktemp("weight-only")
     manifests = {}
     for name, args in RUNS.items():
-        out = root / name
         # GPTQ and AWQ pass their recipe gate (max_kld 0.35; GPTQ measured 0.256); FP8 passes its
         # own (max_kld 0.02); RTN has none: exit 0
-        assert main(["quantize", args[0], "--out", str(out), *E2E_BUDGET, *args[1:]]) == 0
+        out, code = shared_runs.quantize(args[0], *E2E_BUDGET, *args[1:])
+        assert code == 0
         manifests[name] = json.loads((out / "manifest.json").read_text()) | {"_path": str(out)}
     return manifests
 
