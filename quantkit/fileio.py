@@ -6,6 +6,8 @@ import hashlib
 import json
 import os
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 
@@ -82,3 +84,16 @@ def files_under(folder: Path) -> list[Path]:
 def folder_bytes(folder: Path) -> int:
     """Total size of every file under ``folder``."""
     return sum(p.stat().st_size for p in files_under(folder))
+
+
+@contextmanager
+def cache_entry_lock(entry: Path) -> Iterator[None]:
+    """Hold an exclusive lock on one cache entry (``.NAME.lock`` beside it) across processes, so
+    a second process that needs the entry while the first makes it waits and reuses it, instead
+    of making it again or replacing the folder under a reader. Check the entry again inside."""
+    import fcntl
+
+    entry.parent.mkdir(parents=True, exist_ok=True)
+    with entry.with_name(f".{entry.name}.lock").open("a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        yield

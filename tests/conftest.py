@@ -50,16 +50,21 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(skip)
 
 
-@pytest.fixture(scope="session")
-def session_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.mktemp("quantkit-cache")
-
-
 def shared_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A folder every worker of this pytest session sees: under xdist the parent of the
     workers' own base folders, else this session's base folder."""
     base = tmp_path_factory.getbasetemp()
     return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+
+
+@pytest.fixture(scope="session")
+def session_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """This pytest session's quantkit cache, shared by its xdist workers: a model converted, a
+    GGUF made or a reference computed by one worker is reused by the other (quantkit makes each
+    cache entry under a lock, tests/unit/test_cache_lock.py)."""
+    folder = shared_root(tmp_path_factory) / "quantkit-cache"
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
 
 
 class SharedRuns:

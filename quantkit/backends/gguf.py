@@ -163,6 +163,7 @@ class GGUFBackend(Backend[GGUFOptions]):
     def _converted(self, model_path: Path, log: Callable[[str], None]) -> tuple[Path, float | None]:
         """The unquantized GGUF of ``model_path``, cached per (model, precision, converter
         version); with the seconds the conversion took (None when it came from the cache)."""
+        from quantkit.fileio import cache_entry_lock
         from quantkit.llama_cpp_convert import bindings_version, convert, ensure_converter
         from quantkit.models import fingerprint
         from quantkit.paths import cache_dir
@@ -173,15 +174,17 @@ class GGUFBackend(Backend[GGUFOptions]):
         base = cache_dir() / "gguf" / f"{key[:24]}-{outtype}.gguf"
         if base.is_file():
             return base, None
-        log(f"converting to a {outtype} GGUF with llama.cpp's converter")
-        base.parent.mkdir(parents=True, exist_ok=True)
-        partial = base.with_name(f".{base.name}.{os.getpid()}.partial")
-        start = time.perf_counter()
-        try:
-            convert(model_path, partial, outtype, converter)
-            os.replace(partial, base)
-        finally:
-            partial.unlink(missing_ok=True)
+        with cache_entry_lock(base):  # another process may be converting it: wait, then reuse
+            if base.is_file():
+                return base, None
+            log(f"converting to a {outtype} GGUF with llama.cpp's converter")
+            partial = base.with_name(f".{base.name}.{os.getpid()}.partial")
+            start = time.perf_counter()
+            try:
+                convert(model_path, partial, outtype, converter)
+                os.replace(partial, base)
+            finally:
+                partial.unlink(missing_ok=True)
         return base, round(time.perf_counter() - start, 3)
 
     def runtime_baseline(self, model_path: Path, log: Callable[[str], None]) -> Path | None:

@@ -137,11 +137,14 @@ def task_dir() -> Path:
     digest = hashlib.sha256(json.dumps(definitions, sort_keys=True).encode()).hexdigest()[:16]
     folder = cache_dir() / "lm_eval_tasks" / f"quantkit-v{TASK_VERSION}-{digest}"
     if not all((folder / f"{name}.yaml").is_file() for name in tasks):
-        folder.mkdir(parents=True, exist_ok=True)
-        for name, (template, _) in tasks.items():
-            (folder / f"{name}.jsonl").write_text(data[name], encoding="utf-8")
-            yaml_text = template.format(name=name, data=folder / f"{name}.jsonl", version=TASK_VERSION)
-            (folder / f"{name}.yaml").write_text(yaml_text, encoding="utf-8")
+        from quantkit.fileio import cache_entry_lock, write_text_atomic
+
+        with cache_entry_lock(folder):  # another process may be writing them: whole files only
+            folder.mkdir(parents=True, exist_ok=True)
+            for name, (template, _) in tasks.items():
+                write_text_atomic(folder / f"{name}.jsonl", data[name])
+                yaml_text = template.format(name=name, data=folder / f"{name}.jsonl", version=TASK_VERSION)
+                write_text_atomic(folder / f"{name}.yaml", yaml_text)
     return folder
 
 

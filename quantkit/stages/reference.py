@@ -71,13 +71,24 @@ def ensure_reference(inputs: BaselineInputs, reporter: Reporter) -> tuple[Refere
     """The cached reference of a model, eval windows, device and precision, computed now when absent;
     with the seconds it took (None: it was cached)."""
     from quantkit.evals import reference as ref
-    from quantkit.runtimes.base import RuntimeSettings
-    from quantkit.runtimes.hf import HFRuntime
+    from quantkit.fileio import cache_entry_lock
 
     key = inputs.reference_key()
     cached = ref.load_cached(key)
     if cached is not None:
         return cached, None
+    with cache_entry_lock(ref.cache_path(key)):  # another process may be computing it: wait, reuse
+        cached = ref.load_cached(key)
+        if cached is not None:
+            return cached, None
+        return _compute_reference(inputs, key, reporter)
+
+
+def _compute_reference(inputs: BaselineInputs, key: str, reporter: Reporter) -> tuple[Reference, float]:
+    from quantkit.evals import reference as ref
+    from quantkit.runtimes.base import RuntimeSettings
+    from quantkit.runtimes.hf import HFRuntime
+
     windows = inputs.tokens.eval_windows()
     start = time.perf_counter()
     with reporter.stage("baseline reference", total=len(windows.ids)) as advance:
