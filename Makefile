@@ -50,7 +50,7 @@ browser:
 # (imports, tokenizing, llama.cpp's converter, subprocesses) of one overlap the other's compute.
 TEST_WORKERS ?= 2
 pytest: $(STAMP) browser
-	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile
+	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile --durations=25
 
 test: lint typecheck pytest
 
