@@ -88,12 +88,17 @@ def folder_bytes(folder: Path) -> int:
 
 @contextmanager
 def cache_entry_lock(entry: Path) -> Iterator[None]:
-    """Hold an exclusive lock on one cache entry (``.NAME.lock`` beside it) across processes, so
+    """Hold an exclusive lock on one cache entry (``locks/`` in the cache) across processes, so
     a second process that needs the entry while the first makes it waits and reuses it, instead
     of making it again or replacing the folder under a reader. Check the entry again inside."""
     import fcntl
 
-    entry.parent.mkdir(parents=True, exist_ok=True)
-    with entry.with_name(f".{entry.name}.lock").open("a") as handle:
+    from quantkit.paths import cache_dir
+
+    # in a folder of their own: an entry whose making failed leaves nothing beside the entries
+    locks = cache_dir() / "locks"
+    locks.mkdir(parents=True, exist_ok=True)
+    name = hashlib.sha256(str(entry.resolve()).encode()).hexdigest()[:32]
+    with (locks / f"{name}.lock").open("a") as handle:
         fcntl.flock(handle, fcntl.LOCK_EX)
         yield

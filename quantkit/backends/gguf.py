@@ -178,6 +178,7 @@ class GGUFBackend(Backend[GGUFOptions]):
             if base.is_file():
                 return base, None
             log(f"converting to a {outtype} GGUF with llama.cpp's converter")
+            base.parent.mkdir(parents=True, exist_ok=True)
             partial = base.with_name(f".{base.name}.{os.getpid()}.partial")
             start = time.perf_counter()
             try:
