@@ -16,7 +16,9 @@ if TYPE_CHECKING:
     from quantkit.search.profile import SearchFormat
 
 ModelOption = typer.Option(None, "--model", "-m", help="HF folder, hub id, .gguf file, or smollm2-135m")
-FormatsOption = typer.Option("gguf", "--formats", help="formats to profile / search: gguf, gptq or gguf,gptq")
+FormatsOption = typer.Option(
+    "gguf", "--formats", help="formats to profile / search: gguf, gptq, awq or several (gguf,gptq)"
+)
 SetOption = typer.Option(
     [], "--set", "-s", help="eval/calibration/device settings: key.sub=value (eval.num_windows=8)"
 )
@@ -34,10 +36,10 @@ def sensitivity(
     model: str | None = ModelOption,
     formats: str = FormatsOption,
     base: str | None = typer.Option(
-        None, "--base", help="type of everything but the part measured (gguf: Q8_0; gptq: W8)"
+        None, "--base", help="type of everything but the part measured (gguf: Q8_0; gptq, awq: W8)"
     ),
     low: str | None = typer.Option(
-        None, "--low", help="the candidate low precision of the part measured (gguf: Q4_0; gptq: W4)"
+        None, "--low", help="the candidate low precision of the part measured (gguf: Q4_0; gptq, awq: W4)"
     ),
     proxy_only: bool = typer.Option(
         False, "--proxy-only", help="only the weight-error proxy (no evaluation per part)"

@@ -76,7 +76,7 @@ def profile_section(profile: Profile) -> str:
     """The profile's charts as an HTML section (per layer and per tensor class; measured and proxy)."""
     measured = profile.base_kld is not None
     what = f"{profile.low} on one part, {profile.base} elsewhere"
-    if profile.format == "gptq":
+    if profile.format != "gguf":
         what += f", group size {profile.group_size or 'per channel'}"
     charts = []
     for label, units in (

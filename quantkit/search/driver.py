@@ -1,6 +1,6 @@
 """`quantkit search`: the smallest GGUF per-tensor (or GPTQ per-layer) mix that meets a quality budget.
 
-For each format searched (``gguf``, ``gptq``):
+For each format searched (``gguf``, ``gptq``, ``awq``):
 
 1. A sensitivity profile: the proxy (one pass over the calibration windows), or a saved
    ``quantkit sensitivity`` profile (its measured units calibrate the proxy).
@@ -134,8 +134,8 @@ def check_request(formats: Sequence[str], objective: str, max_candidates: int) -
     unknown = [name for name in formats if name not in FORMATS]
     if unknown:
         raise UserInputError(
-            f"the search covers GGUF per-tensor and GPTQ per-layer mixes, not {', '.join(unknown)}",
-            "use --formats gguf, gptq or gguf,gptq (AWQ and FP8 mixes are not searched)",
+            f"the search covers GGUF per-tensor and GPTQ/AWQ per-layer mixes, not {', '.join(unknown)}",
+            "use --formats gguf, gptq, awq or several (gguf,gptq); FP8 mixes are not searched",
         )
     if not formats or len(set(formats)) != len(formats):
         raise UserInputError(

@@ -1,11 +1,12 @@
-"""The integer side of sensitivity and search: per-layer W8 / W4 mixes for GPTQ (llm-compressor).
+"""The integer side of sensitivity and search: per-layer W8 / W4 mixes for GPTQ and AWQ (llm-compressor).
 
 Works on the Hugging Face model itself (no GGUF): its decoder layers' linear modules are the
 tensors, named as compressed-tensors names them (``model.layers.3.mlp.down_proj``), grouped into
 the same units as the GGUF profile (``layer N``; ``attn_q`` ... ``ffn_down`` by module role).
 
-- **proxy**: the GGUF proxy's formula with compressed-tensors' symmetric group-wise integer
-  rounding (``fake_quantize``) in place of a GGUF type: ``sum_j E[x_j^2] sum_i dW_ij^2`` over
+- **proxy**: the GGUF proxy's formula with compressed-tensors' group-wise integer rounding
+  (``fake_quantize``: symmetric for GPTQ, with a zero point for AWQ, as their recipes default) in
+  place of a GGUF type: ``sum_j E[x_j^2] sum_i dW_ij^2`` over
   the calibration tokens, divided by the residual stream's mean squared norm entering the layer.
 - **measured**: every linear module rounded to ``base`` bits except the unit's, rounded to ``low``,
   in the loaded model's own weights (round to nearest, no GPTQ error feedback), scored in
@@ -54,9 +55,14 @@ ROLES = {
 _LINEAR = re.compile(r"^(?P<prefix>(?:.+\.)?layers)\.(?P<layer>\d+)\.(?P<path>.+)$")
 
 
-def type_bits(group_size: int | None) -> dict[str, float]:
-    """Bits per weight of each integer type, the fp16 scale per group included."""
-    return {kind: int_effective_bits(int(kind[1:]), group_size, True) for kind in INT_TYPES}
+def symmetric_in(format: str) -> bool:
+    """Whether a format's mixes are symmetric: GPTQ's recipes are, AWQ's keep a zero point."""
+    return format != "awq"
+
+
+def type_bits(group_size: int | None, symmetric: bool = True) -> dict[str, float]:
+    """Bits per weight of each integer type, the fp16 scale (and zero point) per group included."""
+    return {kind: int_effective_bits(int(kind[1:]), group_size, symmetric) for kind in INT_TYPES}
 
 
 def group_size_for(widths: Sequence[int]) -> int | None:
@@ -64,16 +70,26 @@ def group_size_for(widths: Sequence[int]) -> int | None:
     return next((g for g in GROUP_SIZES if all(width % g == 0 for width in widths)), None)
 
 
-def fake_quantize(weight: torch.Tensor, bits: int, group_size: int | None) -> torch.Tensor:
-    """``weight`` rounded as compressed-tensors' symmetric integer scheme stores it: per row and
-    group of input columns, scale ``max|w| / ((2^bits - 1) / 2)``, codes clamped to the range."""
+def fake_quantize(
+    weight: torch.Tensor, bits: int, group_size: int | None, symmetric: bool = True
+) -> torch.Tensor:
+    """``weight`` rounded as compressed-tensors' integer scheme stores it, per row and group of
+    input columns: symmetric, scale ``max|w| / ((2^bits - 1) / 2)``; asymmetric, scale
+    ``(max - min) / (2^bits - 1)`` (the range widened to hold 0) and a rounded zero point."""
     rows, columns = weight.shape
     group = group_size or columns
     values = weight.float().reshape(rows, columns // group, group)
     low, high = -(2 ** (bits - 1)), 2 ** (bits - 1) - 1
-    scale = (values.abs().amax(-1, keepdim=True) / ((high - low) / 2)).clamp(min=1e-12)
-    codes = (values / scale).round().clamp(low, high)
-    return (codes * scale).reshape(rows, columns).to(weight.dtype)
+    if symmetric:
+        scale = (values.abs().amax(-1, keepdim=True) / ((high - low) / 2)).clamp(min=1e-12)
+        codes = (values / scale).round().clamp(low, high)
+        return (codes * scale).reshape(rows, columns).to(weight.dtype)
+    smallest = values.amin(-1, keepdim=True).clamp(max=0)
+    largest = values.amax(-1, keepdim=True).clamp(min=0)
+    scale = ((largest - smallest) / (high - low)).clamp(min=1e-12)
+    zero = (low - smallest / scale).clamp(low, high).round()
+    codes = (values / scale + zero).round().clamp(low, high)
+    return ((codes - zero) * scale).reshape(rows, columns).to(weight.dtype)
 
 
 def tensor_kind(name: str) -> tuple[int, str] | None:
@@ -97,21 +113,24 @@ class IntBench:
     linears: dict[str, torch.nn.Linear]
     group_size: int | None
     reporter: Reporter
+    symmetric: bool = True
 
     def close(self) -> None:
         self.runtime.close()
 
 
-def int_recipe(recipe: Recipe, group_size: int | None) -> Recipe:
-    """``recipe``'s model, eval, calibration and device as a GPTQ W4 recipe of ``group_size``."""
+def int_recipe(recipe: Recipe, group_size: int | None, method: str = "gptq") -> Recipe:
+    """``recipe``'s model, eval, calibration and device as a W4 recipe of ``method``, ``group_size``."""
     from quantkit.recipe import validate_recipe
 
     data = recipe.model_dump(mode="json", exclude={"method", "options", "gates"})
-    return validate_recipe(data | {"method": "gptq", "options": {"bits": 4, "group_size": group_size}})
+    return validate_recipe(data | {"method": method, "options": {"bits": 4, "group_size": group_size}})
 
 
-def open_int_bench(recipe: Recipe, trust_remote_code: bool, reporter: Reporter) -> IntBench:
-    """Resolve the model, check GPTQ can take it, and load it once in transformers."""
+def open_int_bench(
+    recipe: Recipe, trust_remote_code: bool, reporter: Reporter, method: str = "gptq"
+) -> IntBench:
+    """Resolve the model, check ``method`` (gptq, awq) can take it, and load it once in transformers."""
     import torch
 
     from quantkit.device import resolve_device
@@ -130,12 +149,11 @@ def open_int_bench(recipe: Recipe, trust_remote_code: bool, reporter: Reporter) 
     ]
     if not widths:
         raise RecipeError(
-            f"'{source.spec}' has no decoder-layer linear weights GPTQ could quantize",
+            f"'{source.spec}' has no decoder-layer linear weights {method.upper()} could quantize",
             "search it with --formats gguf",
         )
     group_size = group_size_for(widths)
-    gptq = int_recipe(recipe, group_size)
-    gptq.backend().check_model(read_config(source.path))
+    int_recipe(recipe, group_size, method).backend().check_model(read_config(source.path))
     tokens = Tokens(recipe, source, True, trust_remote_code)
     device = resolve_device(recipe.device)
     inputs = BaselineInputs(recipe, source, device, tokens, trust_remote_code)
@@ -152,7 +170,9 @@ def open_int_bench(recipe: Recipe, trust_remote_code: bool, reporter: Reporter) 
         for name, module in runtime.model.named_modules()
         if isinstance(module, torch.nn.Linear) and tensor_kind(name) is not None
     }
-    return IntBench(recipe, source, tokens, device, runtime, linears, group_size, reporter)
+    return IntBench(
+        recipe, source, tokens, device, runtime, linears, group_size, reporter, symmetric_in(method)
+    )
 
 
 def int_proxy_scores(bench: IntBench) -> tuple[list[TensorScore], float, list[float]]:
@@ -182,7 +202,7 @@ def int_proxy_scores(bench: IntBench) -> tuple[list[TensorScore], float, list[fl
             stream = residual[layer] if layer < len(residual) and residual[layer] > 0 else 1.0
             proxy = {}
             for kind_name in INT_TYPES:
-                error = weight - fake_quantize(weight, int(kind_name[1:]), bench.group_size)
+                error = weight - fake_quantize(weight, int(kind_name[1:]), bench.group_size, bench.symmetric)
                 proxy[kind_name] = float(error.double().square().sum(0) @ importance) / stream
             scored.append(
                 TensorScore(
@@ -213,7 +233,8 @@ def int_measure(
     original = {name: weight.detach().clone() for name, weight in weights.items()}
     with torch.inference_mode():
         at_base = {
-            name: fake_quantize(value, int(base[1:]), bench.group_size) for name, value in original.items()
+            name: fake_quantize(value, int(base[1:]), bench.group_size, bench.symmetric)
+            for name, value in original.items()
         }
         try:
             with bench.reporter.stage(
@@ -226,7 +247,10 @@ def int_measure(
                 klds: dict[str, float] = {}
                 for unit in units:
                     for name in unit.members:
-                        weights[name].copy_(fake_quantize(original[name], int(low[1:]), bench.group_size))
+                        rounded = fake_quantize(
+                            original[name], int(low[1:]), bench.group_size, bench.symmetric
+                        )
+                        weights[name].copy_(rounded)
                     klds[unit.name] = score()
                     for name in unit.members:
                         weights[name].copy_(at_base[name])
@@ -273,10 +297,12 @@ def int_others(bench: IntBench, tensors: Sequence[TensorScore]) -> tuple[int, fl
 _DTYPE_BITS = {"F32": 32, "F16": 16, "BF16": 16, "F64": 64, "I64": 64, "I32": 32, "I8": 8, "U8": 8}
 
 
-def int_mix_options(mix: Mapping[str, str], group_size: int | None) -> dict[str, JsonValue]:
-    """GPTQ recipe options for ``mix``: the most common type as the scheme, every module of
+def int_mix_options(
+    mix: Mapping[str, str], group_size: int | None, symmetric: bool = True
+) -> dict[str, JsonValue]:
+    """GPTQ / AWQ recipe options for ``mix``: the most common type as the scheme, every module of
     another type named by one override per type (a ``re:`` target per module role, listing its
-    layers), so each module is named once."""
+    layers), so each module is named once; bits only, which AWQ's overrides take too."""
     counts: dict[str, int] = {}
     for kind in mix.values():
         counts[kind] = counts.get(kind, 0) + 1
@@ -302,7 +328,7 @@ def int_mix_options(mix: Mapping[str, str], group_size: int | None) -> dict[str,
             targets.append(f"re:{re.escape(prefix)}\\.{listed}\\.{re.escape(path)}$")
         if targets:
             overrides.append({"targets": targets, "bits": int(kind[1:])})
-    options: dict[str, JsonValue] = {"bits": int(base[1:]), "group_size": group_size, "symmetric": True}
+    options: dict[str, JsonValue] = {"bits": int(base[1:]), "group_size": group_size, "symmetric": symmetric}
     if overrides:
         options["overrides"] = overrides
     return options

@@ -2,7 +2,7 @@
 
 Every quantized tensor starts at the profile's ``base`` type. Each step of the path moves one
 tensor to a type with fewer bits (the profile's ladder: GGUF's legacy types, or W8 -> W4 for
-GPTQ), the move with the smallest predicted error
+GPTQ and AWQ), the move with the smallest predicted error
 increase per bit saved (ties broken by a seeded random order), until every tensor is at the
 fewest-bit type. Predicted error is the proxy, scaled per unit by the measured profile when
 there is one (``calibrated``), so a point on the path is a mix and its predicted KLD increase.
@@ -165,10 +165,10 @@ def _best_move(
 
 def recipe_options(profile: Profile, mix: Mapping[str, str]) -> tuple[str, dict[str, JsonValue]]:
     """The recipe method and options that quantize ``mix`` in ``profile``'s format."""
-    if profile.format == "gptq":
-        from quantkit.search.int_format import int_mix_options
+    if profile.format != "gguf":
+        from quantkit.search.int_format import int_mix_options, symmetric_in
 
-        return "gptq", int_mix_options(mix, profile.group_size)
+        return profile.format, int_mix_options(mix, profile.group_size, symmetric_in(profile.format))
     return "gguf", mix_options(mix, profile.base)
 
 

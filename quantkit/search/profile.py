@@ -57,18 +57,23 @@ BITS = {"Q8_0": 8.5, "Q5_1": 6.0, "Q5_0": 5.5, "Q4_1": 5.0, "Q4_0": 4.5, "F16": 
 # quantized independently, so this estimates the whole tensor's error at a fraction of the time
 SAMPLED_ROWS = 256
 _LAYER = re.compile(r"^blk\.(\d+)\.([a-z_]+)\.weight$")
-SearchFormat = Literal["gguf", "gptq"]
-SEARCH_FORMATS: tuple[SearchFormat, ...] = ("gguf", "gptq")
+SearchFormat = Literal["gguf", "gptq", "awq"]
+SEARCH_FORMATS: tuple[SearchFormat, ...] = ("gguf", "gptq", "awq")
+INT_FORMATS = ("gptq", "awq")  # integer weights through llm-compressor, per-layer bits
 # the part measured and the rest, unless --low / --base say otherwise
-DEFAULT_TYPES: dict[str, tuple[str, str]] = {"gguf": ("Q8_0", "Q4_0"), "gptq": ("W8", "W4")}
+DEFAULT_TYPES: dict[str, tuple[str, str]] = {
+    "gguf": ("Q8_0", "Q4_0"),
+    "gptq": ("W8", "W4"),
+    "awq": ("W8", "W4"),
+}
 
 
 def ladder(format: str, group_size: int | None = None) -> tuple[tuple[str, ...], dict[str, float]]:
     """A format's types from the most bits to the fewest, and each type's bits per weight."""
-    if format == "gptq":
-        from quantkit.search.int_format import INT_TYPES, type_bits
+    if format in INT_FORMATS:
+        from quantkit.search.int_format import INT_TYPES, symmetric_in, type_bits
 
-        return INT_TYPES, type_bits(group_size)
+        return INT_TYPES, type_bits(group_size, symmetric_in(format))
     return PROXY_TYPES, BITS
 
 
@@ -102,7 +107,7 @@ class Profile(BaseModel):
 
     model: str
     format: SearchFormat = "gguf"
-    group_size: int | None = Field(None, description="the integer types' group size (gptq)")
+    group_size: int | None = Field(None, description="the integer types' group size (gptq, awq)")
     base: str
     low: str
     eval: dict[str, int]
@@ -464,7 +469,7 @@ def _gguf_pieces(request: ProfileRequest, reporter: Reporter) -> _Pieces:
 def _int_pieces(request: ProfileRequest, reporter: Reporter) -> _Pieces:
     from quantkit.search.int_format import int_measure, int_others, int_proxy_scores, open_int_bench
 
-    bench = open_int_bench(request.recipe, request.trust_remote_code, reporter)
+    bench = open_int_bench(request.recipe, request.trust_remote_code, reporter, request.format)
     try:
         tensors, proxy_s, residual = int_proxy_scores(bench)
     except BaseException:
@@ -486,7 +491,7 @@ def _int_pieces(request: ProfileRequest, reporter: Reporter) -> _Pieces:
 def build_profile(request: ProfileRequest, reporter: Reporter) -> Profile:
     """Proxy always, measured unless asked not to; with the Spearman figures and the cost."""
     check_types(request.base, request.low, request.format)
-    pieces = (_int_pieces if request.format == "gptq" else _gguf_pieces)(request, reporter)
+    pieces = (_int_pieces if request.format in INT_FORMATS else _gguf_pieces)(request, reporter)
     try:
         return _profile(request, pieces)
     finally:

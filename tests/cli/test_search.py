@@ -31,7 +31,7 @@ def refused(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[str, str]:
 @pytest.mark.parametrize(
     ("args", "error"),
     [
-        (["search", "--formats", "gguf,awq", "--max-kld", "0.05"], "GPTQ per-layer mixes, not awq"),
+        (["search", "--formats", "gguf,fp8", "--max-kld", "0.05"], "GPTQ/AWQ per-layer mixes, not fp8"),
         (
             ["search", "--formats", "gguf,gguf", "--max-kld", "0.05"],
             "--formats gguf,gguf names no format or one twice",
@@ -56,7 +56,7 @@ def refused(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[str, str]:
             "--low W4 is not a type the gguf sensitivity",
         ),
         (["sensitivity", "--base", "Q4_0", "--low", "Q5_0"], "--low Q5_0 has no fewer bits than --base Q4_0"),
-        (["sensitivity", "--formats", "fp8"], "GGUF per-tensor and GPTQ per-layer mixes, not fp8"),
+        (["sensitivity", "--formats", "rtn"], "GGUF per-tensor and GPTQ/AWQ per-layer mixes, not rtn"),
         (["sensitivity", "--set", "eval.num_windowz=2"], "eval.num_windowz"),
     ],
 )
@@ -166,3 +166,28 @@ def test_a_profile_of_a_format_not_searched_is_refused(
     )  # fmt: skip
     assert "is a gptq profile, not of --formats gguf" in line and "one --profile per format" in hint
     assert not (tmp_path / "s").exists()
+
+
+def test_an_awq_search_proposes_awq_recipes_with_bits_only_overrides(
+    tiny_model: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """AWQ's mixes: its own (asymmetric, zero-point) W8/W4 ladder from a proxy profile, and
+    candidates that are AWQ recipes whose overrides change bits only (AWQ refuses the rest)."""
+    out = tmp_path / "search"
+    args = ["search", "--formats", "awq", "--model", str(tiny_model), "--max-kld", "0.05",
+            "--max-candidates", "1", "--out", str(out), "--format", "json", *TINY]  # fmt: skip
+    assert main(args) == 0, capsys.readouterr().err
+    record = json.loads((out / "search.json").read_text())
+    (path,) = record["paths"]
+    assert (path["format"], path["group_size"], path["steps"]) == ("awq", 128, 14)
+    assert path["bpw"][0] > path["bpw"][1]
+    (candidate,) = record["candidates"]
+    assert candidate["format"] == "awq" and candidate["passed"] and record["chosen"] == candidate["name"]
+    assert path["bpw"][1] < candidate["predicted_bpw"] < path["bpw"][0]  # a W8/W4 mix
+    profile = json.loads((out / "sensitivity.json").read_text())
+    assert profile["format"] == "awq" and (profile["base"], profile["low"]) == ("W8", "W4")
+    manifest = json.loads((out / "sweep" / "runs" / candidate["run_id"] / "manifest.json").read_text())
+    assert manifest["recipe"]["method"] == "awq"
+    options = manifest["recipe"]["options"]
+    assert options["symmetric"] is False and options["overrides"]
+    assert all(set(o) - {"targets"} == {"bits"} or o.get("group_size") is None for o in options["overrides"])

@@ -11,22 +11,28 @@ from quantkit.search.mix import build_path, calibrated, recipe_options
 from quantkit.search.profile import Profile, TensorScore, UnitScore
 
 
-@pytest.mark.parametrize(("bits", "group_size"), [(4, 64), (8, 128), (4, None)])
-def test_fake_quantize_is_compressed_tensors_rounding(bits: int, group_size: int | None) -> None:
-    """The same values compressed-tensors' own qparams and fake quantization give."""
+@pytest.mark.parametrize(
+    ("bits", "group_size", "symmetric"),
+    [(4, 64, True), (8, 128, True), (4, None, True), (4, 64, False), (8, 32, False)],
+)
+def test_fake_quantize_is_compressed_tensors_rounding(
+    bits: int, group_size: int | None, symmetric: bool
+) -> None:
+    """The same values compressed-tensors' own qparams and fake quantization give (symmetric for
+    GPTQ, with a zero point for AWQ)."""
     from compressed_tensors.quantization import QuantizationArgs
     from compressed_tensors.quantization.lifecycle.forward import fake_quantize as ct_fake_quantize
     from compressed_tensors.quantization.utils import calculate_qparams
 
     weight = torch.randn(24, 256, generator=torch.Generator().manual_seed(0)) * 0.05
     strategy = "group" if group_size else "channel"
-    args = QuantizationArgs(num_bits=bits, symmetric=True, strategy=strategy, group_size=group_size)
+    args = QuantizationArgs(num_bits=bits, symmetric=symmetric, strategy=strategy, group_size=group_size)
     grouped = weight.reshape(24, -1, group_size or 256)
     scale, zero = calculate_qparams(grouped.amin(-1), grouped.amax(-1), args)
     if not group_size:
         scale, zero = scale.reshape(24, 1), zero.reshape(24, 1)
     expected = ct_fake_quantize(weight, scale, zero, args)
-    ours = fake_quantize(weight, bits, group_size)
+    ours = fake_quantize(weight, bits, group_size, symmetric)
     assert torch.allclose(ours, expected, atol=1e-7, rtol=0)
     levels = ours.reshape(24, -1, group_size or 256)[0, 0].unique().numel()
     assert 2 < levels <= 2**bits
@@ -132,3 +138,19 @@ def test_a_gptq_type_is_checked_against_its_own_ladder() -> None:
         check_types("W8", "Q4_0", "gptq")
     with pytest.raises(RecipeError, match="--low W8 has no fewer bits than --base W4"):
         check_types("W4", "W8", "gptq")
+
+
+def test_an_awq_mix_keeps_its_zero_point_and_overrides_bits_only() -> None:
+    """AWQ's ladder counts the zero point per group; its options pass AWQ's own check (overrides
+    may change bits only) and assign each module the mix's bits."""
+    from quantkit.backends.awq import AWQBackend, AWQOptions
+
+    assert type_bits(64, symmetric=False) == {"W8": 8 + 24 / 64, "W4": 4 + 20 / 64}
+    mix = dict.fromkeys(_names(2), "W4") | {"model.layers.1.mlp.down_proj": "W8"}
+    options = int_mix_options(mix, 64, symmetric=False)
+    assert options["symmetric"] is False
+    assert options["overrides"] == [{"targets": [r"re:model\.layers\.(1)\.mlp\.down_proj$"], "bits": 8}]
+    parsed = AWQOptions.model_validate(options)
+    AWQBackend(parsed).check_options()
+    shapes = {f"{name}.weight": ([64, 128], "F16") for name in mix}
+    assert parsed.bits_per_module(shapes) == {name: type_bits(64, False)[kind] for name, kind in mix.items()}
