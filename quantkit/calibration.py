@@ -96,6 +96,13 @@ def load_texts(src: TextSource, role: Role) -> list[str]:
     return texts
 
 
+def builtin_texts() -> dict[str, str]:
+    """The built-in calibration and evaluation text, as the windows are cut from them."""
+    from quantkit.specs import TextSource
+
+    return {role: "\n\n".join(load_texts(TextSource(), role)) for role in ("calibration", "eval")}
+
+
 def source_digest(src: TextSource, role: Role) -> JsonDict:
     """A description of a text source for the manifest."""
     info: JsonDict = {"source": src.source, "role": role}

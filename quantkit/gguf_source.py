@@ -29,7 +29,7 @@ if TYPE_CHECKING:
 
     from quantkit.gguf_file import GGUFFile
 
-CONVERSION_VERSION = 1  # bump when the conversion's output changes
+CONVERSION_VERSION = 2  # bump when the conversion's output changes (2: user-defined pieces declared)
 _SPM_FILE = "tokenizer.model"
 
 
@@ -112,6 +112,44 @@ def write_sentencepiece_model(meta: GGUFMetadata, out: Path) -> None:
     out.write_bytes(model.SerializeToString())
 
 
+_USER_DEFINED = 4  # SentencePiece's piece type, which GGUF's token_type uses
+
+
+def declare_for_converter(meta: GGUFMetadata, config_file: Path) -> None:
+    """Say in ``tokenizer_config.json`` what llama.cpp's converter reads there and nowhere else.
+
+    The converter types a SentencePiece piece from ``tokenizer.model`` as normal, control,
+    unused or byte; a user-defined piece (Gemma 3's whitespace runs and ``[multimodal]``,
+    matched before any merge) it only learns from ``added_tokens_decoder`` entries that are not
+    special, which transformers 5 no longer writes. Without them the GGUF it writes types those
+    pieces normal and llama.cpp cuts text differently (Gemma 3: +18 % tokens on indented prose).
+    The GGUF's ``add_bos_token``/``add_eos_token`` flags are written too, as the source says."""
+    import json
+
+    if meta.tokenizer_model != "llama":
+        return  # byte-level BPE: the converter reads tokenizer.json, where added tokens are kept
+    config = json.loads(config_file.read_text(encoding="utf-8"))
+    tokens = meta.value("tokenizer.ggml.tokens") or []
+    types = meta.value("tokenizer.ggml.token_type") or []
+    decoder = dict(config.get("added_tokens_decoder") or {})
+    for token_id, (piece, kind) in enumerate(zip(tokens, types, strict=True)):
+        if int(kind) == _USER_DEFINED:
+            decoder[str(token_id)] = {
+                "content": str(piece),
+                "lstrip": False,
+                "normalized": False,
+                "rstrip": False,
+                "single_word": False,
+                "special": False,
+            }
+    config["added_tokens_decoder"] = decoder
+    for flag in ("add_bos_token", "add_eos_token"):
+        value = meta.value(f"tokenizer.ggml.{flag}")
+        if value is not None:
+            config[flag] = bool(value)
+    config_file.write_text(json.dumps(config, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+
+
 def repaired_tokenizer(meta: GGUFMetadata, folder: Path) -> PreTrainedTokenizerBase:
     """The GGUF's tokenizer as transformers rebuilds it, repaired from the metadata; files the
     repair needs (``tokenizer.model``) are written into ``folder``."""
@@ -164,27 +202,19 @@ def _repair_byte_level(tokenizer: Any, meta: GGUFMetadata) -> None:
 def check_tokenizer(tokenizer: PreTrainedTokenizerBase, gguf_path: Path, texts: dict[str, str]) -> None:
     """Refuse a tokenizer whose ids differ from llama.cpp's on any of ``texts`` (name -> text),
     or whose BOS rule differs from the GGUF's ``add_bos_token``; the message shows where."""
-    from llama_cpp import Llama
-
-    from quantkit.progress import native_stderr_captured
-    from quantkit.runtimes.base import RuntimeSettings
-    from quantkit.runtimes.llamacpp import LlamaCppRuntime
+    from quantkit.runtimes.llamacpp import LlamaCppVocabulary
     from quantkit.special_tokens import tokenizer_bos
+    from quantkit.tokenizer_check import first_difference
 
-    with native_stderr_captured(verbose=False):
-        llm = Llama(model_path=str(gguf_path), vocab_only=True, verbose=False)
-    vocab = LlamaCppRuntime(llm, RuntimeSettings(device="cpu"))  # its tokenize and BOS rule
+    vocab = LlamaCppVocabulary.load(gguf_path)
     try:
         for name, text in texts.items():
             ours = list(tokenizer(text, add_special_tokens=False)["input_ids"])
             # special-token strings in the text count as those tokens, as HF tokenizers (which
             # cut the windows) parse them; llama-perplexity's plain-text rule would split them
-            theirs = list(llm.tokenize(text.encode("utf-8"), add_bos=False, special=True))
-            if ours != theirs:
-                at = next(
-                    (i for i, (a, b) in enumerate(zip(ours, theirs, strict=False)) if a != b),
-                    min(len(ours), len(theirs)),
-                )
+            theirs = vocab.tokenize(text.encode("utf-8"), special=True)
+            at = first_difference(ours, theirs)
+            if at is not None:
                 raise ModelSourceError(
                     f"the tokenizer rebuilt from '{gguf_path.name}' differs from llama.cpp's on the {name} "
                     f"text at token {at}: {_pieces(tokenizer, ours[at : at + 4])} vs "
@@ -206,14 +236,6 @@ def _pieces(tokenizer: PreTrainedTokenizerBase, ids: list[int]) -> str:
     return repr(tokenizer.convert_ids_to_tokens(ids))
 
 
-def builtin_texts() -> dict[str, str]:
-    """The built-in calibration and evaluation text, as the windows are cut from them."""
-    from quantkit.calibration import load_texts
-    from quantkit.specs import TextSource
-
-    return {role: "\n\n".join(load_texts(TextSource(), role)) for role in ("calibration", "eval")}
-
-
 _DAMAGED_SOURCE_HINT = "give a whole .gguf file (a truncated download fails here)"
 
 
@@ -223,8 +245,12 @@ def convert_gguf(
     """Dequantize ``gguf_path`` into the HF folder ``target`` (built in a temporary sibling and
     moved into place only when complete; nothing is left behind on failure). A damaged file
     is refused first, with ``damaged_hint``."""
+    from transformers import AutoTokenizer
+
+    from quantkit.calibration import builtin_texts
     from quantkit.fileio import share_modes
     from quantkit.runtimes.llamacpp import check_gguf
+    from quantkit.tokenizer_check import stress_text
 
     meta = GGUFMetadata(gguf_path, check_gguf(gguf_path, damaged_hint))
     check_convertible(meta)
@@ -236,6 +262,9 @@ def convert_gguf(
             check_tokenizer(tokenizer, gguf_path, builtin_texts())
             _save_model(meta, tmp, dtype or storage_dtype(meta))
         tokenizer.save_pretrained(tmp)
+        declare_for_converter(meta, tmp / "tokenizer_config.json")
+        saved = AutoTokenizer.from_pretrained(tmp)  # what every run reads: checked as saved
+        check_tokenizer(saved, gguf_path, {"stress": stress_text(saved)})
         share_modes(tmp)
         if target.exists():
             shutil.rmtree(target)

@@ -124,3 +124,20 @@ def gemma3_gguf(out: Path) -> Path:
             handle.write(chunk.read_bytes())
     os.replace(partial, out)
     return out
+
+
+def retyped_gguf(source: Path, out: Path, token_ids: list[int], token_type: int) -> Path:
+    """A copy of ``source`` whose tokens ``token_ids`` have ``token_type`` in
+    ``tokenizer.ggml.token_type`` (user-defined pieces made normal: the damage issue #41 found
+    in converted Gemma 3 files), patched in place with gguf-py's writable reader."""
+    import shutil
+
+    import gguf
+
+    shutil.copyfile(source, out)
+    reader = gguf.GGUFReader(out, "r+")
+    field = reader.fields["tokenizer.ggml.token_type"]
+    for token_id in token_ids:
+        field.parts[field.data[token_id]][0] = token_type
+    reader.data.flush()
+    return out

@@ -19,6 +19,7 @@ from quantkit.backends.base import Artifact, Backend, BackendOptions, QuantizeJo
 from quantkit.errors import BackendError, RecipeError
 from quantkit.faults import failpoint
 from quantkit.progress import native_stderr_captured
+from quantkit.tokenizer_check import TOKENIZER_CHECK_VERSION, check_converted_tokenizer
 
 if TYPE_CHECKING:
     import numpy as np
@@ -170,7 +171,9 @@ class GGUFBackend(Backend[GGUFOptions]):
 
         outtype = self.options.outtype
         converter = ensure_converter(log)
-        key = hashlib.sha256(f"{fingerprint(model_path)}|{outtype}|{bindings_version()}".encode()).hexdigest()
+        checked = f"checked-{TOKENIZER_CHECK_VERSION}"
+        identity = f"{fingerprint(model_path)}|{outtype}|{bindings_version()}|{checked}"
+        key = hashlib.sha256(identity.encode()).hexdigest()
         base = cache_dir() / "gguf" / f"{key[:24]}-{outtype}.gguf"
         if base.is_file():
             return base, None
@@ -183,6 +186,7 @@ class GGUFBackend(Backend[GGUFOptions]):
             start = time.perf_counter()
             try:
                 convert(model_path, partial, outtype, converter)
+                check_converted_tokenizer(model_path, partial)
                 os.replace(partial, base)
             finally:
                 partial.unlink(missing_ok=True)

@@ -28,6 +28,7 @@ if TYPE_CHECKING:
 
     from quantkit.device import BaselineDtype
     from quantkit.jsontypes import JsonDict
+    from quantkit.tokenizer_check import OwnTokenizer
 
 # The arrays of the scoring contract. Token ids quantkit sends are int64. What a runtime returns
 # is float32 log-probs and int32 ids from the in-process ones (torch), float64 and int64 from an
@@ -164,6 +165,13 @@ class Runtime(Protocol):
         from quantkit.evals.lm_eval_runtime import RuntimeLM
 
         return RuntimeLM(cls.load(path, settings), settings.context_length), None
+
+    @classmethod
+    def own_tokenizer(cls, path: Path) -> OwnTokenizer | None:
+        """The tokenizer the file at ``path`` carries and its users cut text with, when it is
+        its own (a GGUF's vocabulary); None when the runtime reads the baseline's tokenizer
+        files (transformers: an artifact folder holds the source's tokenizer, copied)."""
+        return None
 
 
 RuntimeClass: TypeAlias = "type[Runtime]"

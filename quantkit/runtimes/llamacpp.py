@@ -144,3 +144,66 @@ class LlamaCppRuntime(Runtime):
 
     def close(self) -> None:
         self.model.close()
+
+    @classmethod
+    def own_tokenizer(cls, path: Path) -> LlamaCppVocabulary:
+        """The GGUF's own vocabulary (``tokenizer.ggml.*``), loaded without its weights."""
+        return LlamaCppVocabulary.load(gguf_file(path))
+
+
+class LlamaCppVocabulary:
+    """A GGUF's tokenizer as llama.cpp runs it (``vocab_only``: no weights are read)."""
+
+    def __init__(self, model: Llama, space_prefix: bool) -> None:
+        self.model = model
+        self.space_prefix = space_prefix
+
+    @classmethod
+    def load(cls, path: Path) -> LlamaCppVocabulary:
+        from llama_cpp import Llama
+
+        from quantkit.gguf_file import read_gguf
+        from quantkit.progress import native_stderr_captured
+
+        header = read_gguf(path)
+        prefix = header.value("tokenizer.ggml.add_space_prefix")  # llama.cpp: on for SPM unless set
+        space_prefix = header.value("tokenizer.ggml.model") == "llama" if prefix is None else bool(prefix)
+        with native_stderr_captured(verbose=False):
+            return cls(Llama(model_path=str(path), vocab_only=True, verbose=False), space_prefix)
+
+    @property
+    def bos_token_id(self) -> int | None:
+        token = int(self.model.token_bos())
+        return None if token < 0 else token
+
+    @property
+    def adds_bos(self) -> bool:
+        return self.bos_token_id is not None and bool(self.model._model.add_bos_token())
+
+    def tokenize(self, data: bytes, special: bool) -> list[int]:
+        return [int(i) for i in self.model.tokenize(data, add_bos=False, special=special)]
+
+    def detokenize(self, ids: list[int]) -> bytes:
+        """Each id's piece as llama.cpp writes it (special tokens as their text), joined; unlike
+        llama-cpp-python's own, pieces longer than 32 bytes are whole and no space is dropped."""
+        import ctypes
+
+        import llama_cpp
+
+        vocab = self.model._model.vocab
+        out = bytearray()
+        buffer = ctypes.create_string_buffer(64)
+        for token in ids:
+            size = llama_cpp.llama_token_to_piece(vocab, token, buffer, len(buffer), 0, True)
+            if size < 0:  # too long for the buffer: -size is what it needs
+                buffer = ctypes.create_string_buffer(-size)
+                size = llama_cpp.llama_token_to_piece(vocab, token, buffer, len(buffer), 0, True)
+            out += buffer.raw[:size]
+        return bytes(out)
+
+    def text(self, ids: list[int]) -> bytes:
+        data = self.detokenize(ids)
+        return data[1:] if self.space_prefix and data.startswith(b" ") else data
+
+    def close(self) -> None:
+        self.model.close()

@@ -149,7 +149,8 @@ def test_a_hub_gguf_is_downloaded_converted_and_checked(
 
     from transformers import AutoTokenizer
 
-    from quantkit.gguf_source import builtin_texts, check_tokenizer
+    from quantkit.calibration import builtin_texts
+    from quantkit.gguf_source import check_tokenizer
 
     check_tokenizer(AutoTokenizer.from_pretrained(source.path), shipped_gguf(), builtin_texts())
     with pytest.raises(ModelSourceError, match="not reachable and it is not cached"):  # offline

@@ -116,6 +116,46 @@ def test_gemma_is_converted_in_its_own_precision_with_llama_cpp_tokenization(gem
     assert (gemma_hf / "tokenizer.model").is_file()  # SentencePiece, rebuilt from the GGUF
 
 
+def test_the_ggufs_quantkit_writes_carry_the_source_tokenizer(
+    gemma_gguf: Path, runs: dict[str, dict]
+) -> None:
+    """Issue #41: the F16 GGUF written from the converted folder typed 165 user-defined pieces
+    (whitespace runs, '[multimodal]') normal, and llama.cpp cut the stress text into 242 tokens
+    instead of 198 ('  two' became ' ', ' two'). Now every piece's text, type and score, and the
+    BOS/EOS/space-prefix flags, are the source's, and both files cut the stress text alike."""
+    from quantkit.gguf_file import read_gguf
+    from quantkit.runtimes.llamacpp import LlamaCppVocabulary
+    from quantkit.tokenizer_check import _STRESS
+
+    source = read_gguf(gemma_gguf)
+    for name in ("f16", "q4_k_m"):
+        written_path = Path(runs[name]["_path"]) / "artifact" / "model.gguf"
+        written = read_gguf(written_path)
+        for key in (
+            "tokenizer.ggml.model",
+            "tokenizer.ggml.pre",
+            "tokenizer.ggml.tokens",
+            "tokenizer.ggml.token_type",
+            "tokenizer.ggml.scores",
+            "tokenizer.ggml.add_bos_token",
+            "tokenizer.ggml.add_eos_token",
+            "tokenizer.ggml.add_space_prefix",
+            "tokenizer.ggml.bos_token_id",
+            "tokenizer.ggml.eos_token_id",
+            "tokenizer.ggml.padding_token_id",
+            "tokenizer.ggml.unknown_token_id",
+        ):
+            assert written.value(key) == source.value(key), (name, key)
+        assert list(written.value("tokenizer.ggml.token_type")).count(4) == 165
+        cuts = []
+        for path in (gemma_gguf, written_path):
+            vocab = LlamaCppVocabulary.load(path)
+            cuts.append(vocab.tokenize(_STRESS.encode(), special=True))
+            assert [vocab.detokenize([t]) for t in cuts[-1][:2]] == [b"  ", b"two"]
+            vocab.close()
+        assert cuts[0] == cuts[1] and len(cuts[0]) == 198
+
+
 def test_plan_predicts_llama_quantize_for_gemma(
     gemma_gguf: Path, gemma_hf: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
