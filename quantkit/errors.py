@@ -7,6 +7,9 @@ class QuantkitError(Exception):
     """Base error: a one-line message plus a hint on what to do about it."""
 
     exit_code = 3
+    # a verdict on the inputs that running again cannot change: a run it stops keeps no stages
+    # to resume (a kept partial run would only stand in the way of the command the hint names)
+    final = False
 
     def __init__(self, message: str, hint: str = "") -> None:
         super().__init__(message)

@@ -81,7 +81,10 @@ def _metrics(ctx: RunContext) -> tuple[dict[str, float], dict[str, float]]:
 
     results = ctx.results
     baseline = dict(results.require("reference", ReferenceResult).baseline)
-    quantized = dict(results.require("evaluate", EvaluateResult).metrics)
+    evaluation = results.require("evaluate", EvaluateResult)
+    quantized = dict(evaluation.metrics)
+    if evaluation.deployment is not None:  # bits per byte: the baseline's on the same text
+        baseline["bpb"] = evaluation.deployment.baseline_bpb
     recovered: dict[str, float] = {}
     for entry in results.lm_eval():
         recovered |= entry.recovered
@@ -181,6 +184,8 @@ def build_manifest(ctx: RunContext, header: RunHeader) -> Manifest:
             kld_estimator=evaluation.kld_estimator,
             score=ctx.recipe.eval.score,
             baseline_check=_baseline_check(baseline),
+            tokenizer_check=evaluation.tokenizer_check,
+            deployment=evaluation.deployment,
         ),
         baseline=BaselineInfo(dtype=dtype, weight_bits=dtype_bits(dtype)),
         artifact=results.require("quantize", QuantizeResult).artifact,

@@ -206,6 +206,27 @@ def plausibility_checks(check: Plausibility) -> list[Check]:
     ]
 
 
+TOKENIZATION = "tokenization"  # the ``field`` of the deployment-path check
+
+
+def tokenization_check(metrics: Mapping[str, float | None]) -> Check | None:
+    """The artifact's eval text cut by its own tokenizer (a GGUF's) against quantkit's ids
+    (``quantkit.evals.deployment``): a bits-per-byte gap beyond the run's noise fails every gate.
+    None where the artifact has no tokenizer of its own."""
+    gap, noise = metrics.get("deployed_bpb_gap_pct"), metrics.get("deployed_bpb_noise_pct")
+    if gap is None or noise is None:
+        return None
+    return Check(
+        metric="deployed_bpb_gap_pct",
+        kind="max",
+        threshold=float(noise),
+        value=abs(float(gap)),
+        passed=abs(float(gap)) <= noise,
+        field=TOKENIZATION,
+        source="the file's own tokenization vs quantkit's ids, within the run's noise",
+    )
+
+
 def evaluate_gate(
     spec: GateSpec,
     metrics: Mapping[str, float | None],
@@ -217,7 +238,8 @@ def evaluate_gate(
     ``windows`` are the run's per-window scores; when given, KLD, perplexity and top-1 checks
     carry bootstrap intervals, which decide them under ``require_significance``.
     ``plausibility``: the artifact's sanity check (``artifact_check``), two more checks that
-    fail an artifact whose ppl or top-1 accuracy is no better than ignoring context.
+    fail an artifact whose ppl or top-1 accuracy is no better than ignoring context. An artifact
+    scored on its own tokenization too is checked by ``tokenization_check``.
     """
     intervals: dict[str, list[float]] = {}
     notes: list[str] = []
@@ -283,6 +305,9 @@ def evaluate_gate(
         )
     if plausibility is not None:
         checks += plausibility_checks(plausibility)
+    tokenization = tokenization_check(metrics)
+    if tokenization is not None:
+        checks.append(tokenization)
     return GateResult(checks=checks, significance=significance, notes=notes)
 
 

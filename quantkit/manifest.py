@@ -12,6 +12,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, JsonValue
 
+from quantkit.evals.deployment import DeploymentScore
 from quantkit.gate import GateResult
 from quantkit.metrics import metric_info
 from quantkit.recipe import Recipe
@@ -77,6 +78,10 @@ class EvalInfo(WindowsInfo):
     score: str = "all"  # the positions scored: all | second_half (schema 2)
     # the baseline sanity guard: passed | implausible (let through) | not judged (too few tokens)
     baseline_check: str | None = None
+    # an artifact with its own tokenizer (GGUF): "passed: <text> <n> tokens, ..." or "mismatch
+    # (reported): ..."; None: it reads the baseline's tokenizer files
+    tokenizer_check: str | None = None
+    deployment: DeploymentScore | None = None  # the eval text as the artifact's own tokenizer cuts it
 
 
 class BaselineInfo(Record):

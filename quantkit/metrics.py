@@ -24,6 +24,7 @@ Style = Literal[
     "ratio",
     "usd",
     "fraction",
+    "bits",
 ]
 
 
@@ -63,6 +64,10 @@ _QUALITY = frozenset(
         "unigram_top1_pct",
         "delta_p_mean",
         "tokens",
+        "bpb",
+        "deployed_bpb",
+        "deployed_bpb_gap_pct",
+        "deployed_bpb_noise_pct",
     }
 )
 
@@ -85,6 +90,31 @@ _ALL = [
         "unigram_top1_pct", "%", True, False, "pct", "top-1 accuracy of always guessing the commonest token"
     ),
     MetricInfo("tokens", "", True, False, "count", "tokens scored"),
+    MetricInfo("bpb", "bits", False, False, "bits", "bits per byte of the eval text, on the baseline's ids"),
+    MetricInfo(
+        "deployed_bpb",
+        "bits",
+        False,
+        False,
+        "bits",
+        "bits per byte of the eval text as the artifact's own tokenizer cuts it (GGUF)",
+    ),
+    MetricInfo(
+        "deployed_bpb_gap_pct",
+        "%",
+        False,
+        False,
+        "pct_delta",
+        "deployed_bpb vs bpb: what the file's own tokenization costs",
+    ),
+    MetricInfo(
+        "deployed_bpb_noise_pct",
+        "%",
+        False,
+        False,
+        "pct",
+        "the gap beyond which the file is flagged (2 standard errors of the window gaps, >= 1 %)",
+    ),
     MetricInfo(
         "prefill_tok_s", "tok/s", True, False, "tok_s", "prefill speed at the longest bench prompt, batch 1"
     ),
@@ -254,6 +284,8 @@ def format_number(style: Style, value: float) -> str:
         return f"{value:.2f}"
     if style == "nats":
         return "0" if value == 0 else f"{value:.4g}"
+    if style == "bits":
+        return f"{value:.4f}"
     if style == "prob_delta":
         return f"{value:+.4f}"
     if style == "count":

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 from pydantic import JsonValue
 
 from quantkit import __version__
-from quantkit.errors import ArtifactError, OutputError, UserInputError
+from quantkit.errors import ArtifactError, OutputError, QuantkitError, UserInputError
 from quantkit.faults import failpoint
 from quantkit.progress import Reporter, library_bars_hidden, quiet_libraries
 from quantkit.recipe import Recipe
@@ -195,8 +195,8 @@ def _run_quantize(request: QuantizeRequest, reporter: Reporter) -> RunResult:
         manifest = build_manifest(ctx, header)
         write_run_files(ctx, manifest)
         path = writer.commit()
-    except BaseException:
-        if journal.holds_work():
+    except BaseException as err:
+        if journal.holds_work() and not (isinstance(err, QuantkitError) and err.final):
             writer.release()
             reporter.log(
                 f"kept the completed stages in {writer.tmp_dir}: run the same command again to resume"

@@ -66,6 +66,11 @@ class EvalSpec(TextSource):
     runtime: str | None = Field(
         None, description="score the artifact in this runtime (default: the artifact's own)"
     )
+    tokenizer_check: Literal["refuse", "report"] = Field(
+        "refuse",
+        description="an artifact whose own tokenizer (a GGUF's) cuts text otherwise than the baseline's: "
+        "refuse it, or score it and report the cost (the deployment-path score; a gate fails)",
+    )
 
 
 class BaselineSpec(StrictModel):

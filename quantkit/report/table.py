@@ -50,6 +50,8 @@ OPTIONAL_COLUMNS: list[tuple[str, str]] = [
     ("runtime_decode_speed_ratio", "decode × unquantized, same runtime"),
     ("cost_per_mtok_usd", "$/1M tok (batch 1)"),
     ("task_recovery_pct", "lm-eval recovery %"),
+    ("bpb", "bits/byte"),
+    ("deployed_bpb", "bits/byte as deployed"),
     ("serve_ttft_p95_s", "served TTFT p95 s"),
     ("serve_tpot_p95_s", "served TPOT p95 s"),
     ("serve_e2e_p95_s", "served E2E p95 s"),
@@ -237,6 +239,23 @@ def _implausible(members: list[RunRecord]) -> list[str]:
     return out
 
 
+def _tokenization_flags(members: list[RunRecord]) -> list[str]:
+    """Warnings for artifacts whose own tokenizer cuts the eval text otherwise than the
+    baseline's, beyond the run's noise (``quantkit.evals.deployment``)."""
+    out = []
+    for run in members:
+        score = run.manifest.eval.deployment
+        if score is not None and score.flagged:
+            out.append(
+                f"{run.manifest.display_name}: its own tokenizer cuts the eval text otherwise than the "
+                f"baseline's ({score.windows_cut_differently} of {score.windows} windows): "
+                f"{score.own_bpb:.4f} bits/byte as deployed vs {score.ids_bpb:.4f} on quantkit's ids "
+                f"({score.gap_pct:+.1f} %, noise {score.noise_pct:.1f} %): its other figures do not "
+                "describe the file as its users run it"
+            )
+    return out
+
+
 def build(runs: list[RunRecord]) -> Comparison:
     """Group runs by baseline, keep the order they were given in, and warn where a group's
     runs used different library versions."""
@@ -265,6 +284,9 @@ def build(runs: list[RunRecord]) -> Comparison:
                 "not comparable with sampled-tail KLDs"
             )
         group.warnings += _implausible(members)
+        group.warnings += _tokenization_flags(members)
+        bpb = [run.manifest.metrics.values("baseline").get("bpb") for run in members]
+        group.rows[0]["bpb"] = next((value for value in bpb if value is not None), None)
         if any(row["task_recovery_pct"] is not None for row in group.rows[1:]):
             group.rows[0]["task_recovery_pct"] = 100.0
         groups.append(group)

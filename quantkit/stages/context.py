@@ -77,6 +77,16 @@ class Tokens:
             self._eval = eval_windows(self.recipe.eval, self.tokenizer())
         return self._eval
 
+    def texts(self) -> dict[str, str]:
+        """The texts this run's eval and calibration windows come from, by role."""
+        from quantkit.calibration import window_text
+
+        texts = {"eval": window_text(self.recipe.eval, self.tokenizer(), "eval")}
+        spec = self.recipe.calibration
+        if self.needs_calibration and spec is not None:
+            texts["calibration"] = window_text(spec, self.tokenizer(), "calibration", spec.chat_template)
+        return texts
+
     def own_texts(self) -> dict[str, str]:
         """The texts this run's windows come from, by role, where they are not the built-in
         ones as they are (which a GGUF source's tokenizer was checked on when converted)."""

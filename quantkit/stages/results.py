@@ -6,6 +6,7 @@ from typing import TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from quantkit.evals.deployment import DeploymentScore
 from quantkit.manifest import ArtifactInfo, BenchFailure, BenchSection, LmEvalSection
 from quantkit.serving.record import ServedQuality, ServeSection, side_metrics
 from quantkit.window_scores import WindowScores
@@ -34,6 +35,8 @@ class EvaluateResult(StageResult):
     window_scores: WindowScores
     runtime: str
     kld_estimator: str | None = None
+    tokenizer_check: str | None = None  # the artifact's own tokenizer against the baseline's
+    deployment: DeploymentScore | None = None  # the eval text as the artifact's own tokenizer cuts it
 
 
 class LmEvalResult(StageResult):

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -154,6 +155,82 @@ def test_the_ggufs_quantkit_writes_carry_the_source_tokenizer(
             assert [vocab.detokenize([t]) for t in cuts[-1][:2]] == [b"  ", b"two"]
             vocab.close()
         assert cuts[0] == cuts[1] and len(cuts[0]) == 198
+
+
+def test_every_gemma_gguf_passes_the_tokenizer_check_and_scores_alike_as_deployed(
+    runs: dict[str, dict],
+) -> None:
+    """Each GGUF the matrix made cut the eval and stress texts (and the calibration text where
+    the run calibrated) into the baseline's ids, so its deployment-path bits per byte equals
+    the figure on quantkit's ids; the baseline's is the same text's."""
+    for name, manifest in runs.items():
+        check, deployment = manifest["eval"]["tokenizer_check"], manifest["eval"]["deployment"]
+        if manifest["artifact"]["format"] != "gguf":
+            assert check is None and deployment is None, name
+            continue
+        # Gemma 3 270M's GGUF has no chat template: the stress text is the plain one
+        if name == "iq4_xs-imatrix":  # the only GGUF recipe that calibrates
+            assert re.fullmatch(
+                r"passed: eval 15752 tokens, calibration \d+ tokens, stress 198 tokens", check
+            )
+        else:
+            assert check == "passed: eval 15752 tokens, stress 198 tokens", (name, check)
+        assert deployment["windows_cut_differently"] == 0 and not deployment["flagged"], name
+        assert deployment["own_bpb"] == pytest.approx(deployment["ids_bpb"], rel=1e-9), name
+        assert (
+            0.5 < deployment["baseline_bpb"] < 2.0
+            and deployment["ids_bpb"] >= deployment["baseline_bpb"] * 0.99
+        )
+        assert manifest["metrics"]["baseline"]["bpb"]["value"] == deployment["baseline_bpb"]
+
+
+def test_a_gguf_with_one_user_defined_piece_retyped_is_refused_or_flagged(
+    gemma_gguf: Path,
+    gemma_hf: Path,
+    runs: dict[str, dict],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The negative control: the source file with one piece, '\\n\\n' (id 108), typed normal.
+    `eval --baseline` refuses it, naming the pieces (exit 2), and keeps nothing. With
+    eval.tokenizer_check=report it is scored: as deployed it reads 8.4 % more bits per byte than
+    on quantkit's ids (4 x 256 tokens; noise 3.9 %), the report says so and the gate fails
+    (exit 1) on that check alone. (All 165 user-defined pieces retyped, what the conversion
+    wrote before the fix, read 1.813 bits per byte against 1.114: +63 %.)"""
+    from quantkit.testing import retyped_gguf
+
+    one = retyped_gguf(gemma_gguf, tmp_path / "one.gguf", [108], 1)
+    args = ["eval", "--baseline", str(gemma_gguf), str(one), *BUDGET[:6], "--device", "cpu"]
+    capsys.readouterr()
+    assert main([*args, "--out", str(tmp_path / "refused")]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert (
+        "error: the artifact's GGUF tokenizes the eval text differently from the baseline's tokenizer "
+        "at token 5: "
+        "['\\n', '\\n', 'Assignment', ' statements'] there, ['\\n\\n', 'Assignment', ' statements', ' are'] "
+        "in the baseline (16139 vs 15752 tokens)"
+    ) in err, err
+    assert "eval.tokenizer_check=report" in err
+    assert not (tmp_path / "refused").exists() and not (tmp_path / ".refused.partial").exists()
+
+    out = tmp_path / "reported"
+    report = ["--set", "eval.tokenizer_check=report", "--set", "gates.max_kld=1"]
+    assert main([*args, *report, "--out", str(out)]) == 1
+    printed = capsys.readouterr()
+    assert "gate deployed_bpb_gap_pct = " in printed.err and "FAILED" in printed.err, printed.err
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["eval"]["tokenizer_check"].startswith("mismatch (reported): ")
+    deployment = manifest["eval"]["deployment"]
+    assert deployment["flagged"] and deployment["windows_cut_differently"] == 4
+    assert deployment["gap_pct"] > deployment["noise_pct"] >= 1.0
+    assert deployment["own_tokens"] > deployment["ids_tokens"] == 4 * 255
+    failed = [c for c in manifest["gate"]["checks"] if not c["passed"]]
+    assert [c["field"] for c in failed] == ["tokenization"]
+    assert main(["report", str(out), "--output", str(tmp_path / "report.md")]) == 0
+    report_text = " ".join((tmp_path / "report.md").read_text().split())
+    assert (
+        "its own tokenizer cuts the eval text otherwise than the baseline's (4 of 4 windows)" in report_text
+    )
 
 
 def test_plan_predicts_llama_quantize_for_gemma(

