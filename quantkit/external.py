@@ -54,6 +54,35 @@ class ExternalArtifact:
         return self.path.name if self.kind != "run" else self.path.parent.name
 
 
+def display_names(artifacts: Sequence[ExternalArtifact]) -> list[str]:
+    """Each artifact's display name, made unique: ``name``, and where several share it (three
+    ``model.gguf``), as few of the folders above it as tell them apart (``a/model.gguf``); the
+    same path given twice gets a number (``#2``)."""
+    names = [artifact.name for artifact in artifacts]
+    for name in set(names):
+        group = [i for i, other in enumerate(names) if other == name]
+        if len(group) < 2:
+            continue
+        paths = [_shown_path(artifacts[i]) for i in group]
+        for depth in range(1, max(len(path.parts) for path in paths)):
+            deeper = ["/".join(path.parts[-(depth + 1) :]) for path in paths]
+            if len(set(deeper)) == len(set(paths)):
+                break
+        for i, label in zip(group, deeper, strict=True):
+            names[i] = label
+    shared = {name for name in names if names.count(name) > 1}
+    counts: dict[str, int] = {}
+    for i, name in enumerate(names):
+        if name in shared:
+            counts[name] = counts.get(name, 0) + 1
+            names[i] = f"{name}#{counts[name]}"
+    return names
+
+
+def _shown_path(artifact: ExternalArtifact) -> Path:
+    return (artifact.path if artifact.kind != "run" else artifact.path.parent).resolve()
+
+
 def inspect_external(path: Path) -> ExternalArtifact:
     """Recognise ``path``; anything else is a one-line error saying what is accepted."""
     path = path.expanduser()

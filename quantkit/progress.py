@@ -37,6 +37,11 @@ def quiet_libraries(verbose: bool) -> None:
     import transformers
 
     logging.getLogger("torch.fx._symbolic_trace").setLevel(logging.ERROR)
+    # torchao (GPTQModel's dependency; transformers and compressed-tensors import it when
+    # present) warns on import about kernels built for another Python and for CUDA, and
+    # registers enums that make torch's pytree warn: nothing a quantkit user can act on
+    for name in ("torchao", "torch.utils._pytree"):
+        logging.getLogger(name).setLevel(logging.ERROR)
     from loguru import logger
 
     transformers.logging.set_verbosity_error()

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 import typer
 from rich.markup import escape
 
-from quantkit.cli.output import OutputFormat, RichReporter, emit_json, stderr, stdout
+from quantkit.cli.output import OutputFormat, RichReporter, emit_json, stderr, stdout, terminal_width
 from quantkit.errors import UserInputError
 
 if TYPE_CHECKING:
@@ -39,7 +39,7 @@ class ExternalEvalRequest:
 def _recipes(request: ExternalEvalRequest) -> list[tuple[Recipe, str]]:
     """Each artifact's recipe and display name; every artifact is recognised (and refused if
     it cannot be evaluated) before anything runs."""
-    from quantkit.external import inspect_external
+    from quantkit.external import display_names, inspect_external
     from quantkit.recipe import external_recipe
     from quantkit.specs import EvalEntry
 
@@ -48,12 +48,12 @@ def _recipes(request: ExternalEvalRequest) -> list[tuple[Recipe, str]]:
         raise UserInputError(f"{flag} names one run, but {len(request.artifacts)} artifacts were given",
                              f"evaluate them one at a time, or drop {flag}")  # fmt: skip
     planned = []
-    for path in request.artifacts:
-        artifact = inspect_external(path)
+    artifacts = [inspect_external(path) for path in request.artifacts]
+    for path, name in zip(request.artifacts, display_names(artifacts), strict=True):
         recipe = external_recipe(str(path.expanduser().resolve()), request.recipe, request.overrides)
         if request.lm_eval is not None:
             recipe = recipe.model_copy(update={"evals": [*recipe.evals, EvalEntry(lm_eval=request.lm_eval)]})
-        planned.append((recipe, request.name or artifact.name))
+        planned.append((recipe, request.name or name))
     return planned
 
 
@@ -80,7 +80,7 @@ def evaluate_external(request: ExternalEvalRequest, output_format: OutputFormat)
         )
         results.append(run_quantize(quantize_request, RichReporter() if human else None))
     if human:
-        stdout.print(render.to_rich(table.build([result.record for result in results])))
+        stdout.print(render.to_rich(table.build([result.record for result in results]), terminal_width()))
         for result in results:
             stderr.print(f"run saved to [bold]{escape(str(result.record.path))}[/bold]")
             for check in result.gate.checks if result.gate is not None else []:

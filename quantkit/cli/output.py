@@ -29,6 +29,12 @@ stdout = Console(width=None if sys.stdout.isatty() else 1000)
 stderr = Console(stderr=True, soft_wrap=True)
 
 
+def terminal_width() -> int | None:
+    """The terminal's width when stdout is one (tables are then laid out to fit it); None when
+    piped, where tables keep every column at their natural width."""
+    return stdout.width if stdout.is_terminal else None
+
+
 def emit_json(data: object) -> None:
     """Machine-readable output on stdout."""
     sys.stdout.write(json.dumps(data, indent=2, default=str) + "\n")

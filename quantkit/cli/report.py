@@ -8,7 +8,7 @@ import typer
 from rich.markup import escape
 
 from quantkit.cli.common import FormatOption
-from quantkit.cli.output import OutputFormat, emit_json, stderr, stdout
+from quantkit.cli.output import OutputFormat, emit_json, stderr, stdout, terminal_width
 from quantkit.errors import OutputError
 
 _WRITERS = {
@@ -26,6 +26,12 @@ def report(
         [], "--output", "-o", help="write the report: .md, .json or .html (repeatable)"
     ),
     output_format: OutputFormat = FormatOption,
+    wide: bool = typer.Option(False, "--wide", help="every column, at its natural width"),
+    columns: str | None = typer.Option(
+        None,
+        "--columns",
+        help="these columns, comma-separated (e.g. name,scheme,kld_mean,decode_speed_ratio)",
+    ),
 ) -> None:
     """Compare runs against their baseline."""
     from quantkit.fileio import write_text_atomic
@@ -50,6 +56,7 @@ def report(
     if output_format == OutputFormat.json:
         emit_json(comparison.to_json())
         return
-    stdout.print(render.to_rich(comparison))
+    keys = None if columns is None else [key.strip() for key in columns.split(",") if key.strip()]
+    stdout.print(render.to_rich(comparison, terminal_width(), keys, wide))
     for warning in comparison.warnings:
         stderr.print(f"[yellow]warning:[/yellow] {escape(warning)}")

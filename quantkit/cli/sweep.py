@@ -7,7 +7,7 @@ from pathlib import Path
 import typer
 
 from quantkit.cli.common import AllowImplausibleOption, FormatOption, device_option, device_value
-from quantkit.cli.output import OutputFormat, emit_json, stderr, stdout
+from quantkit.cli.output import OutputFormat, emit_json, stderr, stdout, terminal_width
 from quantkit.device import DeviceChoice
 
 
@@ -60,7 +60,7 @@ def sweep(
     human = output_format == OutputFormat.human
     result = run_sweep(request, RichSweepView() if human else SilentView())
     if human:
-        stdout.print(render.to_rich(sweep_comparison(result)))
+        stdout.print(render.to_rich(sweep_comparison(result), terminal_width()))
         counts = result.manifest.counts()
         stderr.print(
             f"sweep saved to [bold]{escape(str(result.folder))}[/bold]: {counts['done']} done, "

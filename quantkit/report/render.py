@@ -52,23 +52,32 @@ def to_html(comparison: Comparison) -> str:
     return _to_html(comparison)
 
 
-def to_rich(comparison: Comparison) -> RenderableType:
-    """Rich tables for the terminal, one per baseline group."""
+def to_rich(
+    comparison: Comparison, width: int | None = None, columns: list[str] | None = None, wide: bool = False
+) -> RenderableType:
+    """Rich tables for the terminal, one per baseline group: laid out to ``width`` (a terminal's)
+    or with the chosen ``columns`` (``quantkit.report.terminal``); every column when ``wide`` or
+    when there is no terminal to fit (piped output)."""
     from rich.console import Group as RichGroup
     from rich.markup import escape
     from rich.table import Table
 
+    if not wide and (width is not None or columns is not None):
+        from quantkit.report.terminal import fitted
+
+        return fitted(comparison, width or 1_000_000, columns)
+
     tables = []
-    columns = comparison.columns()
+    every = comparison.columns()
     for group in comparison.groups:
         title = "quantkit: quantized vs baseline"
         if len(comparison.groups) > 1:
             title += f" — {group.title()}"
         table = Table(title=escape(title), show_lines=False)
-        for key, heading in columns:
+        for key, heading in every:
             table.add_column(heading, justify="left" if key in TEXT_KEYS else "right")
         for index, row in enumerate(group.rows):
             style = "bold" if index == 0 else None
-            table.add_row(*[escape(format_cell(key, row.get(key))) for key, _ in columns], style=style)
+            table.add_row(*[escape(format_cell(key, row.get(key))) for key, _ in every], style=style)
         tables.append(table)
     return RichGroup(*tables)

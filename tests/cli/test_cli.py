@@ -327,3 +327,30 @@ def test_second_half_protocol_is_recorded_and_reported_against_its_own_baseline(
     assert len(report["groups"]) == 2 and [row["name"] for row in report["rows"]].count("baseline") == 2
     code = main(["quantize", str(tiny_recipe), "--out", str(tmp_path / "x"), "--set", "eval.score=half"])
     assert code == 2
+
+
+# The lines quantkit itself writes to stderr in a human run: its header, stage progress (▶, ✓,
+# indented steps), the saved path, gate lines, and its own warnings and errors.
+_OWN_LINE = ("quantkit ", "▶ ", "✓ ", "  ", "run saved to ", "warning: ", "error: ", "hint: ")
+
+
+def test_a_quantize_shows_quantkits_lines_only_and_verbose_shows_the_libraries(
+    tiny_recipe: Path, tmp_path: Path, session_cache: Path
+) -> None:
+    """Issue #39: torchao's 'Failed to load' lines and torch's pytree warnings (torchao is
+    GPTQModel's dependency, imported by compressed-tensors when present) no longer reach a
+    user's terminal; -v shows them."""
+    import os
+
+    env = {**os.environ, "QUANTKIT_CACHE": str(session_cache)}
+    command = [sys.executable, "-m", "quantkit", "quantize", str(tiny_recipe), "--no-bench"]
+    quiet = subprocess.run([*command, "--out", str(tmp_path / "a")], capture_output=True, text=True, env=env)
+    assert quiet.returncode == 0, quiet.stderr
+    foreign = [line for line in quiet.stderr.splitlines() if line and not line.startswith(_OWN_LINE)]
+    assert foreign == [], foreign
+    for noise in ("Failed to load", "it/s]", "Warning", "_pytree"):
+        assert noise not in quiet.stderr, noise
+    loud = subprocess.run(
+        [*command, "--out", str(tmp_path / "b"), "-v"], capture_output=True, text=True, env=env
+    )
+    assert loud.returncode == 0 and "Failed to load" in loud.stderr and "_pytree" in loud.stderr

@@ -294,3 +294,38 @@ def test_a_gguf_runs_one_off_conversion_has_its_own_column() -> None:
     rows = comparison.to_json()["rows"]
     assert [(r["quantize_s"], r["convert_s"]) for r in rows] == [(None, None), (7.5, 50.0), (7.4, None)]
     assert ("convert_s", "convert s") in comparison.columns()
+
+
+@pytest.mark.parametrize("width", [80, 100, 120])
+def test_the_report_of_real_runs_fits_the_terminal_with_whole_numbers(
+    two_runs: list[Path], width: int
+) -> None:
+    """`quantkit report` in a terminal (issue #39): the view fits ``width`` and the KLD and Δppl
+    of every run appear as the wide table writes them."""
+    import io
+
+    from rich.console import Console
+
+    from quantkit.report import render, table
+    from quantkit.report.table import format_cell
+    from quantkit.store import load_run
+
+    comparison = table.build([load_run(path) for path in two_runs])
+    console = Console(width=width, file=io.StringIO(), record=True, color_system=None)
+    console.print(render.to_rich(comparison, width))
+    text = console.export_text()
+    assert max(len(line) for line in text.splitlines()) <= width, text
+    for row in comparison.rows:
+        for key in ("ppl_increase_pct", "kld_mean"):
+            assert format_cell(key, row.get(key)) in text, (key, text)
+    assert "…" not in text
+
+
+def test_report_columns_are_chosen_by_name_and_an_unknown_one_is_refused(
+    two_runs: list[Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out, err = run_cli(capsys, "report", *two_runs, "--columns", "name,kld_mean,run_id")
+    assert code == 0, err
+    assert "KLD" in out and "run id" in out and "bits (quantized)" not in out and "Δppl" not in out
+    code, out, err = run_cli(capsys, "report", *two_runs, "--columns", "name,kld")
+    assert code == 2 and "unknown column 'kld'" in err and "kld_mean" in err, err
