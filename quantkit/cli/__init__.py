@@ -22,6 +22,7 @@ from quantkit.cli import (
     serve,
     sweep,
 )
+from quantkit.cli.common import help_markup
 from quantkit.errors import QuantkitError
 
 app = typer.Typer(
@@ -30,6 +31,7 @@ app = typer.Typer(
     no_args_is_help=True,
     pretty_exceptions_enable=False,
     add_completion=False,
+    rich_markup_mode=help_markup(),
 )
 app.command("quantize")(quantize.quantize)
 app.command("report")(report.report)

@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import typer
 
-from quantkit.cli.common import FormatOption
+from quantkit.cli.common import FormatOption, help_markup
 from quantkit.cli.output import OutputFormat, emit_json, stdout
 
-app = typer.Typer(help="List quantization backends and show their options.", no_args_is_help=True)
+app = typer.Typer(
+    help="List quantization backends and show their options.",
+    no_args_is_help=True,
+    rich_markup_mode=help_markup(),
+)
 
 
 @app.command("list")

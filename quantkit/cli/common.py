@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import shutil
+from typing import Literal
+
 import typer
 
 from quantkit.cli.output import OutputFormat
@@ -26,3 +29,15 @@ def device_option(default_help: str) -> DeviceChoice | None:
 
 def device_value(choice: DeviceChoice | None) -> str | None:
     return None if choice is None else choice.value
+
+
+# Typer's rich help puts options in a table whose name column it cuts with "…" when the
+# terminal is narrow ("--allow-implausible…" at 80 columns); click's plain help wraps the
+# description instead and keeps every option name whole.
+_RICH_HELP_MIN_WIDTH = 110
+
+
+def help_markup() -> Literal["rich"] | None:
+    """Typer's ``rich_markup_mode``: rich panels in a wide terminal, click's plain help (every
+    option name whole) below ``_RICH_HELP_MIN_WIDTH`` columns."""
+    return "rich" if shutil.get_terminal_size().columns >= _RICH_HELP_MIN_WIDTH else None

@@ -6,10 +6,12 @@ from pathlib import Path
 
 import typer
 
-from quantkit.cli.common import FormatOption
+from quantkit.cli.common import FormatOption, help_markup
 from quantkit.cli.output import OutputFormat, emit_json, stderr, stdout
 
-app = typer.Typer(help="List, show and validate recipes.", no_args_is_help=True)
+app = typer.Typer(
+    help="List, show and validate recipes.", no_args_is_help=True, rich_markup_mode=help_markup()
+)
 
 
 @app.command("list")

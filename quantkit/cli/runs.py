@@ -10,10 +10,10 @@ import typer
 from pydantic import JsonValue
 from rich.markup import escape
 
-from quantkit.cli.common import FormatOption
+from quantkit.cli.common import FormatOption, help_markup
 from quantkit.cli.output import OutputFormat, emit_json, stderr, stdout
 
-app = typer.Typer(help="List, show and clean runs.", no_args_is_help=True)
+app = typer.Typer(help="List, show and clean runs.", no_args_is_help=True, rich_markup_mode=help_markup())
 
 DirOption = typer.Option(None, "--dir", "-d", help="runs folder (default: $QUANTKIT_RUNS_DIR or ./runs)")
 

@@ -354,3 +354,44 @@ def test_a_quantize_shows_quantkits_lines_only_and_verbose_shows_the_libraries(
         [*command, "--out", str(tmp_path / "b"), "-v"], capture_output=True, text=True, env=env
     )
     assert loud.returncode == 0 and "Failed to load" in loud.stderr and "_pytree" in loud.stderr
+
+
+_HELP_AT_80 = r"""
+import json
+import typer
+from typer.testing import CliRunner
+from quantkit.cli import app
+
+root = typer.main.get_command(app)
+problems, seen = [], 0
+
+def visit(command, path):
+    global seen
+    if hasattr(command, "commands"):  # a group (typer vendors click: no click.Group to check)
+        for name, sub in command.commands.items():
+            visit(sub, [*path, name])
+    result = CliRunner().invoke(app, [*path, "--help"], terminal_width=80, env={"COLUMNS": "80"})
+    text = result.output
+    seen += 1
+    if result.exit_code != 0 or any(len(line) > 80 for line in text.splitlines()) or "…" in text:
+        problems.append(" ".join(path) + ": " + text[:200])
+    for param in command.params:
+        for name in [*param.opts, *param.secondary_opts]:
+            if name.startswith("--") and name not in text:
+                problems.append(" ".join(path) + ": " + name + " not whole")
+
+visit(root, [])
+print(json.dumps({"commands": seen, "problems": problems}))
+"""
+
+
+def test_every_help_fits_80_columns_with_every_option_name_whole() -> None:
+    """Issue #39: Typer's rich help cut '--allow-implausible-baseline' to '--allow-implausible…'
+    at 80 columns; below 110 columns quantkit uses click's plain help, which wraps instead."""
+    import os
+
+    env = {**os.environ, "COLUMNS": "80"}
+    result = subprocess.run([sys.executable, "-c", _HELP_AT_80], capture_output=True, text=True, env=env)
+    assert result.returncode == 0, result.stderr[-2000:]
+    report = json.loads(result.stdout.strip().splitlines()[-1])
+    assert report["commands"] >= 14 and report["problems"] == [], report["problems"][:5]
