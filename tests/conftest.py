@@ -199,8 +199,9 @@ def synthetic_record(
 CHROMIUM = Path("/usr/bin/chromium")
 
 
-def run_chromium(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    """Run headless Chromium (Debian package) with a fresh profile; fail clearly when absent."""
+def run_chromium(tmp_path: Path, *args: str, window: str = "1400,1000") -> subprocess.CompletedProcess[str]:
+    """Run headless Chromium (Debian package) with a fresh profile and a ``window`` of that
+    size; fail clearly when absent."""
     if not CHROMIUM.exists():
         pytest.fail(f"{CHROMIUM} is missing: install the Debian package 'chromium' to run the browser check")
     profile = tmp_path / f"profile-{len(list(tmp_path.glob('profile-*')))}"
@@ -215,7 +216,7 @@ def run_chromium(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]
         "--disable-component-update",
         "--disable-sync",
         f"--user-data-dir={profile}",
-        "--window-size=1400,1000",
+        f"--window-size={window}",
         *args,
     ]
     result = subprocess.run(command, capture_output=True, text=True, timeout=240)

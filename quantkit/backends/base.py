@@ -136,3 +136,8 @@ class Backend(ABC, Generic[OptionsT_co]):
         """The unquantized model in this backend's runtime when that is not transformers (the
         F16 GGUF for llama.cpp), so speed is also compared runtime against runtime."""
         return None
+
+    def speed_caveat(self, device: str) -> str | None:
+        """Why the artifact's speed on ``device`` says little about its format, when its runtime
+        emulates the format there (FP8 decompressed on the CPU); shown beside the speed ratios."""
+        return None

@@ -32,6 +32,15 @@ class FP8Backend(Backend[FP8Options]):
     def requires_calibration(self) -> bool:
         return self.options.scheme == "FP8"
 
+    def speed_caveat(self, device: str) -> str | None:
+        if device == "cuda":
+            return None
+        return (
+            "FP8 runs emulated here: on the CPU transformers decompresses the FP8 weights to the compute "
+            "dtype in every forward (no FP8 kernels), so its speed ratios show that cost; FP8 GEMMs need an "
+            "Ada or Hopper GPU (vLLM, ModelOpt)"
+        )
+
     def describe(self) -> tuple[str, float]:
         return self.options.scheme, 8.0
 

@@ -140,6 +140,15 @@ class IntWeightBackend(Backend[IntOptionsT]):
             if shapes:  # no safetensors headers: compressed-tensors' names are checked on the artifact
                 options.bits_per_module(shapes)
 
+    def speed_caveat(self, device: str) -> str | None:
+        if device == "cuda":
+            return None
+        return (
+            "packed integer weights run emulated here: on the CPU compressed-tensors unpacks and "
+            "dequantizes them in every forward (no W4A16 kernels), so their speed ratios show that cost; "
+            "the speed-up needs a GPU runtime with Marlin/Machete kernels (vLLM)"
+        )
+
     def describe(self) -> tuple[str, float]:
         options = self.options
         scheme = options.scheme_name()

@@ -11,7 +11,15 @@ from typing import TYPE_CHECKING
 import typer
 from rich.markup import escape
 
-from quantkit.cli.output import OutputFormat, RichReporter, emit_json, stderr, stdout, terminal_width
+from quantkit.cli.output import (
+    OutputFormat,
+    RichReporter,
+    emit_json,
+    print_warnings,
+    stderr,
+    stdout,
+    terminal_width,
+)
 from quantkit.errors import UserInputError
 
 if TYPE_CHECKING:
@@ -80,7 +88,9 @@ def evaluate_external(request: ExternalEvalRequest, output_format: OutputFormat)
         )
         results.append(run_quantize(quantize_request, RichReporter() if human else None))
     if human:
-        stdout.print(render.to_rich(table.build([result.record for result in results]), terminal_width()))
+        comparison = table.build([result.record for result in results])
+        stdout.print(render.to_rich(comparison, terminal_width()))
+        print_warnings(comparison.warnings)
         for result in results:
             stderr.print(f"run saved to [bold]{escape(str(result.record.path))}[/bold]")
             for check in result.gate.checks if result.gate is not None else []:

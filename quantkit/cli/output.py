@@ -35,6 +35,14 @@ def terminal_width() -> int | None:
     return stdout.width if stdout.is_terminal else None
 
 
+def print_warnings(warnings: list[str]) -> None:
+    """A comparison's warnings, one line each, on stderr."""
+    from rich.markup import escape
+
+    for warning in warnings:
+        stderr.print(f"[yellow]warning:[/yellow] {escape(warning)}")
+
+
 def emit_json(data: object) -> None:
     """Machine-readable output on stdout."""
     sys.stdout.write(json.dumps(data, indent=2, default=str) + "\n")

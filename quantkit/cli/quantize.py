@@ -7,7 +7,15 @@ from pathlib import Path
 import typer
 
 from quantkit.cli.common import AllowImplausibleOption, FormatOption, device_option, device_value
-from quantkit.cli.output import OutputFormat, RichReporter, emit_json, stderr, stdout, terminal_width
+from quantkit.cli.output import (
+    OutputFormat,
+    RichReporter,
+    emit_json,
+    print_warnings,
+    stderr,
+    stdout,
+    terminal_width,
+)
 from quantkit.device import DeviceChoice
 
 DEFAULT_RECIPE = "fp8-dynamic"
@@ -63,6 +71,7 @@ def quantize(
     comparison = table.build([result.record])
     if human:
         stdout.print(render.to_rich(comparison, terminal_width()))
+        print_warnings(comparison.warnings)
         stderr.print(f"run saved to [bold]{escape(str(result.record.path))}[/bold]")
         if result.gate is not None:
             for check in result.gate.checks:

@@ -5,10 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import typer
-from rich.markup import escape
 
 from quantkit.cli.common import FormatOption
-from quantkit.cli.output import OutputFormat, emit_json, stderr, stdout, terminal_width
+from quantkit.cli.output import OutputFormat, emit_json, print_warnings, stderr, stdout, terminal_width
 from quantkit.errors import OutputError
 
 _WRITERS = {
@@ -58,5 +57,4 @@ def report(
         return
     keys = None if columns is None else [key.strip() for key in columns.split(",") if key.strip()]
     stdout.print(render.to_rich(comparison, terminal_width(), keys, wide))
-    for warning in comparison.warnings:
-        stderr.print(f"[yellow]warning:[/yellow] {escape(warning)}")
+    print_warnings(comparison.warnings)

@@ -25,6 +25,8 @@ tr.run:hover td { background: #fff9db; }
 .warnings p { margin: 2px 0; }
 .plots { display: flex; flex-wrap: wrap; gap: 24px; }
 figure { margin: 0; max-width: 640px; } figure svg { max-width: 100%; height: auto; }
+.table-scroll { overflow-x: auto; max-width: 100%; }
+.warnings p, .meta, .note { overflow-wrap: anywhere; }
 """
 
 
@@ -45,10 +47,10 @@ def _table(comparison: Comparison, group: Group, index: int) -> str:
         tip = "" if position == 0 else f' title="{escape(str(row.get("path", "")))}"'
         body.append(f'<tr class="{"baseline" if position == 0 else "run"}"{tip}>{"".join(cells)}</tr>')
     table_id = "comparison" if index == 0 else f"comparison-{index}"
-    return (
-        f'<table id="{table_id}">\n<thead><tr>{head}</tr></thead>\n<tbody>\n'
+    return (  # a table wider than the window scrolls in its own box, not the page
+        f'<div class="table-scroll"><table id="{table_id}">\n<thead><tr>{head}</tr></thead>\n<tbody>\n'
         + "\n".join(body)
-        + "\n</tbody>\n</table>"
+        + "\n</tbody>\n</table></div>"
     )
 
 
@@ -58,7 +60,7 @@ def _plots(group: Group, index: int) -> str:
         "Decode throughput against KLD mean: up and to the left is better."
         if speed
         else "No decode speed was measured for these runs, so this plot shows the ppl increase against "
-        "bits per weight instead: down and to the left is better."
+        "bits per parameter of the file instead: down and to the left is better."
     )
     suffix = "" if index == 0 else f"-{index}"
     served = _served_plot(group, suffix)

@@ -259,18 +259,27 @@ def _points(
     return out
 
 
+def _bits_key(rows: Sequence[Mapping[str, JsonValue]]) -> tuple[str, str]:
+    """The table's "bpw (file)" (bits per parameter of the whole file: the baseline's fp16/fp32
+    file too) when every row has it, else the nominal bits per quantized weight."""
+    if all(row.get("file_bpw") is not None for row in rows):
+        return "file_bpw", "bits per parameter (file)"
+    return "weight_bits", "bits / weight (nominal)"
+
+
 def quality_vs_size(rows: Sequence[Mapping[str, JsonValue]]) -> str:
-    """KLD mean against disk size (MB), or against bits/weight where sizes are missing."""
+    """KLD mean against disk size (MB), or against bits per parameter where sizes are missing."""
     if all(row.get("disk_bytes") is not None for row in rows):
         points, x_label = _points(rows, "disk_bytes", "kld_mean", 1e6), "disk size (MB)"
     else:
-        points, x_label = _points(rows, "weight_bits", "kld_mean"), "bits / weight"
+        key, x_label = _bits_key(rows)
+        points = _points(rows, key, "kld_mean")
     spec = PlotSpec("Quality vs size", x_label, "KLD mean (nats/token, lower is better)")
     return scatter_svg(points, spec)
 
 
 def speed_vs_quality(rows: Sequence[Mapping[str, JsonValue]]) -> str:
-    """Decode tok/s against KLD mean; without speed numbers, Δppl % against bits/weight instead."""
+    """Decode tok/s against KLD mean; without speed numbers, Δppl % against bits per parameter."""
     if any(row.get("decode_tok_s") is not None for row in rows[1:]):
         speed = PlotSpec(
             "Decode speed vs quality",
@@ -279,14 +288,15 @@ def speed_vs_quality(rows: Sequence[Mapping[str, JsonValue]]) -> str:
             maximize_y=True,
         )
         return scatter_svg(_points(rows, "kld_mean", "decode_tok_s"), speed)
+    key, x_label = _bits_key(rows)
     size = PlotSpec(
         "Size vs quality (no decode speed measured)",
-        x_label="bits / weight",
+        x_label=x_label,
         y_label="Δppl % (lower is better)",
         x_log=False,
         y_log=False,
     )
-    return scatter_svg(_points(rows, "weight_bits", "ppl_increase_pct"), size)
+    return scatter_svg(_points(rows, key, "ppl_increase_pct"), size)
 
 
 @dataclass(frozen=True)

@@ -256,6 +256,19 @@ def _tokenization_flags(members: list[RunRecord]) -> list[str]:
     return out
 
 
+def _bench_notes(members: list[RunRecord]) -> list[str]:
+    """What each run's bench says about its speed figures (a format emulated on this device, a
+    memory ratio that could not be taken), named by run."""
+    from quantkit.manifest import BenchSection
+
+    out = []
+    for run in members:
+        bench = run.manifest.bench
+        if isinstance(bench, BenchSection):
+            out += [f"{run.manifest.display_name}: {note}" for note in bench.notes]
+    return out
+
+
 def build(runs: list[RunRecord]) -> Comparison:
     """Group runs by baseline, keep the order they were given in, and warn where a group's
     runs used different library versions."""
@@ -285,6 +298,7 @@ def build(runs: list[RunRecord]) -> Comparison:
             )
         group.warnings += _implausible(members)
         group.warnings += _tokenization_flags(members)
+        group.warnings += _bench_notes(members)
         bpb = [run.manifest.metrics.values("baseline").get("bpb") for run in members]
         group.rows[0]["bpb"] = next((value for value in bpb if value is not None), None)
         if any(row["task_recovery_pct"] is not None for row in group.rows[1:]):

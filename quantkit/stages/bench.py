@@ -55,6 +55,8 @@ class BenchStage(Stage[BenchResult]):
                 ctx.reporter.log(f"benchmark failed: {err.message}")
                 raise StageFailed(BenchResult(section=BenchFailure(error=err.message))) from None
         base, quant, notes = perf.metrics_from(section, self.spec)
+        caveat = ctx.backend.speed_caveat(self.device)
+        notes = notes if caveat is None else [caveat, *notes]
         section.notes = notes
         result = BenchResult(
             section=section,

@@ -36,6 +36,10 @@ def test_quantize_with_bench_records_speed_and_memory(tiny_recipe: Path, tmp_pat
     assert manifest["metrics"]["baseline"]["decode_tok_s"]["value"] > 0
     assert "bench_s" in manifest["timings"]
     assert "cost_per_mtok_usd" not in quantized  # no price given
+    # issue #39: the speed ratio comes with its reason, in the manifest and beside the table
+    assert bench["notes"][0].startswith("FP8 runs emulated here: on the CPU transformers decompresses")
+    err = " ".join(capsys.readouterr().err.split())
+    assert "warning: tiny-fp8: FP8 runs emulated here" in err, err
 
 
 def test_bench_command_updates_a_run_with_cost(tiny_recipe: Path, tmp_path: Path, capsys) -> None:

@@ -329,3 +329,40 @@ def test_report_columns_are_chosen_by_name_and_an_unknown_one_is_refused(
     assert "KLD" in out and "run id" in out and "bits (quantized)" not in out and "Δppl" not in out
     code, out, err = run_cli(capsys, "report", *two_runs, "--columns", "name,kld")
     assert code == 2 and "unknown column 'kld'" in err and "kld_mean" in err, err
+
+
+def test_the_html_report_fits_a_1280_px_window_and_plots_the_tables_bpw(
+    two_runs: list[Path], tmp_path: Path
+) -> None:
+    """Issue #39: the page overflowed 1,400 px with a scroll bar. Its wide table now scrolls in
+    its own box: in headless Chromium at 1,280 px the page is no wider than the window (a
+    negative control without the box is). Plots put each run at the table's file bpw."""
+    from quantkit.report import render, table
+    from quantkit.store import load_run
+
+    comparison = table.build([load_run(path) for path in two_runs])
+    page = render.to_html(comparison)
+    probe = (
+        "<script>document.body.setAttribute('data-widths', "
+        "document.documentElement.scrollWidth + ',' + window.innerWidth)</script></body>"
+    )
+
+    def widths(html: str, name: str) -> tuple[int, int]:
+        path = tmp_path / name
+        path.write_text(html.replace("</body>", probe), encoding="utf-8")
+        dom = run_chromium(tmp_path, "--dump-dom", path.resolve().as_uri(), window="1280,900").stdout
+        found = re.search(r'data-widths="(\d+),(\d+)"', dom)
+        assert found, dom[-500:]
+        return int(found.group(1)), int(found.group(2))
+
+    scroll, window = widths(page, "fits.html")
+    assert window == 1280 and scroll <= window, (scroll, window)
+    unboxed = page.replace('class="table-scroll"', 'class="no-box"')
+    scroll, window = widths(unboxed, "overflows.html")
+    assert scroll > window, (scroll, window)  # the control: the same table without its box
+
+    rows = comparison.rows
+    fallback = _parse(plots.speed_vs_quality(rows))  # no bench: Δppl % against bits
+    tips = [el.findtext(f"{SVG}title") or "" for el in _points(fallback)]
+    for row in rows:
+        assert any(f"file_bpw={row['file_bpw']:g}" in tip for tip in tips), (row["file_bpw"], tips)
