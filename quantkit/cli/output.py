@@ -36,11 +36,11 @@ def terminal_width() -> int | None:
 
 
 def print_warnings(warnings: list[str]) -> None:
-    """A comparison's warnings, one line each, on stderr."""
+    """A comparison's warnings on stderr, each on a line of its own."""
     from rich.markup import escape
 
-    for warning in warnings:
-        stderr.print(f"[yellow]warning:[/yellow] {escape(warning)}")
+    for warning in warnings:  # wrapped at word boundaries in a terminal, whole lines when piped
+        stderr.print(f"[yellow]warning:[/yellow] {escape(warning)}", soft_wrap=not stderr.is_terminal)
 
 
 def emit_json(data: object) -> None:
