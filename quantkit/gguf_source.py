@@ -204,26 +204,22 @@ def check_tokenizer(tokenizer: PreTrainedTokenizerBase, gguf_path: Path, texts: 
     or whose BOS rule differs from the GGUF's ``add_bos_token``; the message shows where."""
     from quantkit.runtimes.llamacpp import LlamaCppVocabulary
     from quantkit.special_tokens import tokenizer_bos
-    from quantkit.tokenizer_check import first_difference
+    from quantkit.tokenizer_check import compare_ids, file_bos
 
     vocab = LlamaCppVocabulary.load(gguf_path)
     try:
-        for name, text in texts.items():
-            ours = list(tokenizer(text, add_special_tokens=False)["input_ids"])
-            # special-token strings in the text count as those tokens, as HF tokenizers (which
-            # cut the windows) parse them; llama-perplexity's plain-text rule would split them
-            theirs = vocab.tokenize(text.encode("utf-8"), special=True)
-            at = first_difference(ours, theirs)
-            if at is not None:
-                raise ModelSourceError(
-                    f"the tokenizer rebuilt from '{gguf_path.name}' differs from llama.cpp's on the {name} "
-                    f"text at token {at}: {_pieces(tokenizer, ours[at : at + 4])} vs "
-                    f"{_pieces(tokenizer, theirs[at : at + 4])} ({len(ours)} vs {len(theirs)} tokens)",
-                    "give the model's HF folder (with its own tokenizer) instead of the GGUF",
-                )
-        expected = vocab.bos_token_id if vocab.adds_bos else None
+        _, mismatch = compare_ids(tokenizer, vocab, texts)
+        expected = file_bos(vocab)
     finally:
         vocab.close()
+    if mismatch is not None:
+        at, ours, theirs = mismatch.at, mismatch.ours, mismatch.theirs
+        raise ModelSourceError(
+            f"the tokenizer rebuilt from '{gguf_path.name}' differs from llama.cpp's on the {mismatch.text} "
+            f"text at token {at}: {_pieces(tokenizer, ours[at : at + 4])} vs "
+            f"{_pieces(tokenizer, theirs[at : at + 4])} ({len(ours)} vs {len(theirs)} tokens)",
+            "give the model's HF folder (with its own tokenizer) instead of the GGUF",
+        )
     if tokenizer_bos(tokenizer) != expected:
         raise ModelSourceError(
             f"the tokenizer rebuilt from '{gguf_path.name}' adds BOS {tokenizer_bos(tokenizer)}, "

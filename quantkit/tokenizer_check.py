@@ -106,30 +106,57 @@ def first_difference(ours: list[int], theirs: list[int]) -> int | None:
     return next((i for i, (a, b) in pairs if a != b), min(len(ours), len(theirs)))
 
 
-def check_tokenization(
-    tokenizer: PreTrainedTokenizerBase, own: OwnTokenizer, texts: dict[str, str], what: str, hint: str
-) -> TokenizationCheck:
-    """Refuse ``own`` (the file ``what``) unless it cuts each of ``texts`` (name -> text) into the
-    baseline ``tokenizer``'s ids and adds BOS as the baseline does. Special-token strings in a
-    text count as those tokens on both sides, as HF tokenizers (which cut the windows) parse them.
-    The message names the text, the first differing position and the pieces on both sides."""
-    from quantkit.special_tokens import tokenizer_bos
+@dataclass(frozen=True)
+class IdMismatch:
+    """Where a file first cuts one of the texts otherwise than the baseline's tokenizer."""
 
+    text: str  # the text's name
+    at: int  # the first differing position
+    ours: list[int]  # the baseline tokenizer's ids of the whole text
+    theirs: list[int]  # the file's
+
+
+def compare_ids(
+    tokenizer: PreTrainedTokenizerBase, own: OwnTokenizer, texts: dict[str, str]
+) -> tuple[dict[str, int], IdMismatch | None]:
+    """Each of ``texts`` (name -> text) cut by the baseline ``tokenizer`` and by ``own``, in
+    order until the first that differs: the token counts of those that agree, and the mismatch.
+    Special-token strings count as those tokens on both sides, as HF tokenizers (which cut the
+    windows) parse them; llama-perplexity's plain-text rule would split them."""
     counts: dict[str, int] = {}
     for name, text in texts.items():
         ours = [int(i) for i in tokenizer(text, add_special_tokens=False)["input_ids"]]
         theirs = own.tokenize(text.encode("utf-8"), special=True)
         at = first_difference(ours, theirs)
         if at is not None:
-            raise TokenizerMismatchError(
-                f"{what} tokenizes the {name} text differently from the baseline's tokenizer at token "
-                f"{at}: {_pieces(own, theirs[at : at + 4])} there, {_pieces(own, ours[at : at + 4])} in the "
-                f"baseline ({len(theirs)} vs {len(ours)} tokens)",
-                hint,
-            )
+            return counts, IdMismatch(name, at, ours, theirs)
         counts[name] = len(ours)
-    expected = tokenizer_bos(tokenizer)
-    theirs_bos = own.bos_token_id if own.adds_bos else None
+    return counts, None
+
+
+def file_bos(own: OwnTokenizer) -> int | None:
+    """The BOS id the file leads a text with, None when it adds none."""
+    return own.bos_token_id if own.adds_bos else None
+
+
+def check_tokenization(
+    tokenizer: PreTrainedTokenizerBase, own: OwnTokenizer, texts: dict[str, str], what: str, hint: str
+) -> TokenizationCheck:
+    """Refuse ``own`` (the file ``what``) unless it cuts each of ``texts`` (name -> text) into the
+    baseline ``tokenizer``'s ids (``compare_ids``) and adds BOS as the baseline does. The
+    message names the text, the first differing position and the pieces on both sides."""
+    from quantkit.special_tokens import tokenizer_bos
+
+    counts, mismatch = compare_ids(tokenizer, own, texts)
+    if mismatch is not None:
+        at, ours, theirs = mismatch.at, mismatch.ours, mismatch.theirs
+        raise TokenizerMismatchError(
+            f"{what} tokenizes the {mismatch.text} text differently from the baseline's tokenizer at token "
+            f"{at}: {_pieces(own, theirs[at : at + 4])} there, {_pieces(own, ours[at : at + 4])} in the "
+            f"baseline ({len(theirs)} vs {len(ours)} tokens)",
+            hint,
+        )
+    expected, theirs_bos = tokenizer_bos(tokenizer), file_bos(own)
     if theirs_bos != expected:
         raise TokenizerMismatchError(
             f"{what} leads a text with BOS {theirs_bos}, the baseline's tokenizer with {expected}", hint

@@ -59,6 +59,16 @@ def gguf_file(path: Path) -> Path:
     return candidates[0]
 
 
+def _bos_token_id(model: Llama) -> int | None:
+    token = int(model.token_bos())
+    return None if token < 0 else token
+
+
+def _adds_bos(model: Llama) -> bool:
+    """The GGUF's ``tokenizer.ggml.add_bos_token``, for a vocabulary that has a BOS."""
+    return _bos_token_id(model) is not None and bool(model._model.add_bos_token())
+
+
 class LlamaCppRuntime(Runtime):
     """A GGUF model loaded in-process by llama-cpp-python (logits of every position kept for
     scoring; only the last for generation)."""
@@ -98,13 +108,12 @@ class LlamaCppRuntime(Runtime):
 
     @property
     def bos_token_id(self) -> int | None:
-        token = int(self.model.token_bos())
-        return None if token < 0 else token
+        return _bos_token_id(self.model)
 
     @property
     def adds_bos(self) -> bool:
         """The GGUF's ``tokenizer.ggml.add_bos_token`` (as llama-perplexity reads it)."""
-        return self.bos_token_id is not None and bool(self.model._model.add_bos_token())
+        return _adds_bos(self.model)
 
     def tokenize(self, text: str) -> list[int]:
         return list(self.model.tokenize(text.encode("utf-8"), add_bos=False, special=False))
@@ -173,12 +182,11 @@ class LlamaCppVocabulary:
 
     @property
     def bos_token_id(self) -> int | None:
-        token = int(self.model.token_bos())
-        return None if token < 0 else token
+        return _bos_token_id(self.model)
 
     @property
     def adds_bos(self) -> bool:
-        return self.bos_token_id is not None and bool(self.model._model.add_bos_token())
+        return _adds_bos(self.model)
 
     def tokenize(self, data: bytes, special: bool) -> list[int]:
         return [int(i) for i in self.model.tokenize(data, add_bos=False, special=special)]
