@@ -126,34 +126,27 @@ def _inspect_gguf(path: Path) -> ExternalArtifact:
     hint = f"give {_WHAT}; a damaged GGUF must be copied or downloaded again"
     files = _split_files(path)
     header = check_gguf(path, hint)
-    import gguf
-
-    from quantkit.backends.gguf import NOMINAL_BITS
+    from quantkit.gguf_scheme import gguf_scheme
 
     def value(key: str) -> JsonValue:
         contents = header.value(key)
         return contents if isinstance(contents, (str, int, float, bool)) else None
 
-    file_type = value("general.file_type")
-    scheme = "unknown"
-    if isinstance(file_type, int):
-        try:
-            scheme = gguf.LlamaFileType(file_type).name.removeprefix("MOSTLY_").removeprefix("ALL_")
-        except ValueError:
-            scheme = f"file_type {file_type}"
+    scheme = gguf_scheme(path)
     metadata: dict[str, JsonValue] = {
         key.removeprefix("general."): value(key)
         for key in ("general.architecture", "general.name", "general.file_type", "general.quantized_by")
         if value(key) is not None
     }
     metadata["split_count"] = len(files)
+    metadata["type_shares_pct"] = dict(scheme.shares)
     return ExternalArtifact(
         kind="gguf",
         path=path,
         format="gguf",
         runtime="llamacpp",
-        scheme=scheme,
-        weight_bits=NOMINAL_BITS.get(scheme),
+        scheme=scheme.label,
+        weight_bits=None,  # measured from the file, as for quantkit's own GGUFs
         files=files,
         metadata=metadata,
     )

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 from quantkit import __version__
 from quantkit.device import dtype_bits
+from quantkit.library_log import LIBRARY_LOG, LOG_NAME
 from quantkit.manifest import (
     MANIFEST_SCHEMA,
     BaselineInfo,
@@ -216,5 +217,8 @@ def write_run_files(ctx: RunContext, manifest: Manifest) -> list[Path]:
     comparison = table.build([RunRecord(path=run.folder, manifest=manifest)])
     written.append(run.write_text("report.md", render.to_markdown(comparison)))
     written.append(run.write_text("report.json", render.to_json(comparison)))
+    earlier = run.folder / LOG_NAME  # a run updated by eval or bench keeps its earlier parts
+    previous = earlier.read_text(encoding="utf-8") if earlier.is_file() else ""
+    written.append(run.write_text(LOG_NAME, previous + LIBRARY_LOG.run_text()))
     written.append(run.write_text("manifest.json", manifest.model_dump_json(indent=2) + "\n"))  # last
     return written

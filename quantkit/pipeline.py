@@ -17,6 +17,7 @@ from pydantic import JsonValue
 from quantkit import __version__
 from quantkit.errors import ArtifactError, OutputError, QuantkitError, UserInputError
 from quantkit.faults import failpoint
+from quantkit.library_log import LIBRARY_LOG
 from quantkit.progress import Reporter, library_bars_hidden, quiet_libraries
 from quantkit.recipe import Recipe
 from quantkit.stages.context import RunContext, RunSettings, Tokens
@@ -126,6 +127,7 @@ def _run_quantize(request: QuantizeRequest, reporter: Reporter) -> RunResult:
     backend = recipe.backend()
     backend.check_dependencies()  # a missing engine is refused before the model is resolved
     quiet_libraries(request.verbose)
+    LIBRARY_LOG.begin_run()
     device = resolve_device(request.device or recipe.device)
     model_spec = request.model or recipe.model
     with reporter.stage("resolving the model"):
@@ -282,7 +284,11 @@ def _bench_enabled(request: QuantizeRequest) -> bool:
 
 
 def bench_run(
-    record: RunRecord, spec: BenchSpec, device: str | None, reporter: Reporter | None = None
+    record: RunRecord,
+    spec: BenchSpec,
+    device: str | None,
+    reporter: Reporter | None = None,
+    verbose: bool = False,
 ) -> RunResult:
     """Benchmark a finished run again with ``spec`` (on ``device``, default the run's)."""
     from quantkit.device import resolve_device
@@ -290,7 +296,7 @@ def bench_run(
 
     recipe = record.manifest.recipe.model_copy(update={"bench": spec})
     stage = BenchStage(spec, resolve_device(device or record.manifest.device))
-    return _update_run(record, recipe, stage, reporter or Reporter())
+    return _update_run(record, recipe, stage, reporter or Reporter(), verbose)
 
 
 def serve_bench_run(
@@ -322,7 +328,11 @@ def serve_eval_run(
 
 
 def eval_run(
-    record: RunRecord, spec: LmEvalSpec, device: str | None, reporter: Reporter | None = None
+    record: RunRecord,
+    spec: LmEvalSpec,
+    device: str | None,
+    reporter: Reporter | None = None,
+    verbose: bool = False,
 ) -> RunResult:
     """Run lm-eval tasks on a finished run: a new ``evals`` entry, or the same entry again."""
     from quantkit.specs import EvalEntry
@@ -339,12 +349,12 @@ def eval_run(
     if index == len(entries):
         entries.append(EvalEntry(lm_eval=spec))
     recipe = manifest.recipe.model_copy(update={"evals": entries})
-    with library_bars_hidden(False):
-        return _update_run(record, recipe, LmEvalStage(index, spec), reporter or Reporter())
+    with library_bars_hidden(verbose):
+        return _update_run(record, recipe, LmEvalStage(index, spec), reporter or Reporter(), verbose)
 
 
 def _update_run(
-    record: RunRecord, recipe: Recipe, stage: Stage[StageResult], reporter: Reporter
+    record: RunRecord, recipe: Recipe, stage: Stage[StageResult], reporter: Reporter, verbose: bool = False
 ) -> RunResult:
     """Run ``stage`` on the finished run in ``record`` (again, if it ran before) and rewrite
     its manifest, recipe and reports, under the run's lock."""
@@ -363,7 +373,8 @@ def _update_run(
             f"the baseline model '{model.path}' changed since this run was made",
             "its numbers would not compare: quantize again",
         )
-    quiet_libraries(False)
+    quiet_libraries(verbose)
+    LIBRARY_LOG.begin_run()
     updater = RunUpdater(record.path)
     try:
         results, entries = restore(manifest, record.path)

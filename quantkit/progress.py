@@ -20,41 +20,22 @@ class Reporter:
 
 
 def quiet_libraries(verbose: bool) -> None:
-    """Silence library progress bars and info logs unless ``verbose``."""
+    """Send library logs, warnings and progress bars to the run's ``library.log``, or leave
+    them on the terminal when ``verbose``."""
     import os
 
+    from quantkit.library_log import LIBRARY_LOG
+
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    if verbose:
-        return
-    import warnings
+    if not verbose:
+        os.environ["TQDM_DISABLE"] = "1"  # compressed-tensors and accelerate draw their own bars
+        try:
+            import datasets
 
-    os.environ["TQDM_DISABLE"] = "1"  # compressed-tensors and accelerate draw their own bars
-    os.environ.setdefault("LLM_COMPRESSOR_LOG_DISABLED", "true")
-    warnings.filterwarnings("ignore", category=UserWarning)
-    warnings.filterwarnings("ignore", category=FutureWarning)
-    import logging
-
-    import transformers
-
-    logging.getLogger("torch.fx._symbolic_trace").setLevel(logging.ERROR)
-    # torchao (GPTQModel's dependency; transformers and compressed-tensors import it when
-    # present) warns on import about kernels built for another Python and for CUDA, and
-    # registers enums that make torch's pytree warn: nothing a quantkit user can act on
-    for name in ("torchao", "torch.utils._pytree"):
-        logging.getLogger(name).setLevel(logging.ERROR)
-    from loguru import logger
-
-    transformers.logging.set_verbosity_error()
-    transformers.utils.logging.disable_progress_bar()
-    for name in ("llmcompressor", "compressed_tensors"):
-        logger.disable(name)
-    try:
-        import datasets
-
-        datasets.disable_progress_bars()
-        datasets.logging.set_verbosity_error()
-    except ImportError:  # pragma: no cover
-        pass
+            datasets.disable_progress_bars()
+        except ImportError:  # pragma: no cover
+            pass
+    LIBRARY_LOG.start(verbose)
 
 
 class _DropProgressBars:
@@ -113,14 +94,17 @@ def stdout_to_stderr(drop: bool = False) -> Iterator[None]:
 
 
 @contextmanager
-def native_stderr_captured(verbose: bool) -> Iterator[list[str]]:
+def native_stderr_captured(verbose: bool, source: str = "llama.cpp") -> Iterator[list[str]]:
     """Capture what native code (llama.cpp) writes to file descriptor 2, unless ``verbose``.
 
-    Yields a list that holds the captured lines once the block ends (for error messages).
+    Yields a list that holds the captured lines once the block ends (for error messages); they
+    also go to the library log, marked with ``source``.
     """
     import os
     import sys
     import tempfile
+
+    from quantkit.library_log import LIBRARY_LOG
 
     lines: list[str] = []
     if verbose:
@@ -137,3 +121,4 @@ def native_stderr_captured(verbose: bool) -> Iterator[list[str]]:
             os.close(saved)
             sink.seek(0)
             lines.extend(sink.read().decode("utf-8", "replace").splitlines())
+            LIBRARY_LOG.write(source, lines)

@@ -9,6 +9,7 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
 from quantkit.errors import BackendError, MissingDependencyError
+from quantkit.library_log import LIBRARY_LOG
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -126,12 +127,13 @@ def _environment(scratch: Path, verbose: bool) -> Iterator[None]:
     # AutoRound lower-cases AR_WORK_SPACE: a path with capitals would land elsewhere
     os.environ["AR_WORK_SPACE"] = str(scratch) if str(scratch) == str(scratch).lower() else "."
     os.environ["AUTO_ROUND_GGUF_AUTO_UPDATE"] = "0"
-    os.environ["AR_LOG_LEVEL"] = "INFO" if verbose else "ERROR"  # read when auto_round is first imported
+    os.environ["AR_LOG_LEVEL"] = "INFO" if verbose else "WARNING"  # read when auto_round is imported
     import auto_round.logger  # noqa: F401 - sets its logger's level from AR_LOG_LEVEL
 
+    LIBRARY_LOG.adopt()  # its warnings to the run's library.log (the terminal with -v)
     logger = logging.getLogger("autoround")
     level = logger.level
-    logger.setLevel(logging.INFO if verbose else logging.ERROR)
+    logger.setLevel(logging.INFO if verbose else logging.WARNING)
     try:
         yield
     finally:

@@ -18,6 +18,7 @@ from pydantic import Field, JsonValue, ValidationInfo, field_validator
 from quantkit.backends.base import Artifact, Backend, BackendOptions, QuantizeJob
 from quantkit.errors import BackendError, RecipeError
 from quantkit.faults import failpoint
+from quantkit.gguf_scheme import gguf_scheme
 from quantkit.progress import native_stderr_captured
 from quantkit.tokenizer_check import TOKENIZER_CHECK_VERSION, check_converted_tokenizer
 
@@ -243,7 +244,9 @@ class GGUFBackend(Backend[GGUFOptions]):
 
             written = {tensor.name: tensor.type_name for tensor in read_gguf(out_file).tensors}
             details["overrides"] = summary(_tensors(base), overrides, written)
-        scheme, _ = self.describe()
+        held = gguf_scheme(out_file)  # a preset's name, or "mixed" when overrides changed types
+        details["type_shares_pct"] = dict(held.shares)
+        scheme = held.label + ("+imatrix" if options.imatrix else "")
         return Artifact(job.out_dir, "gguf", self.runtime, scheme, info.bits_per_weight, details)
 
     def _imatrix(self, job: QuantizeJob, base: Path) -> dict[str, npt.NDArray[np.float32]]:

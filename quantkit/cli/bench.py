@@ -7,7 +7,7 @@ from pathlib import Path
 import typer
 from rich.markup import escape
 
-from quantkit.cli.common import FormatOption, device_option, device_value
+from quantkit.cli.common import FormatOption, VerboseOption, device_option, device_value
 from quantkit.cli.output import OutputFormat, RichReporter, emit_json, stderr, stdout
 from quantkit.device import DeviceChoice
 from quantkit.errors import UserInputError
@@ -58,6 +58,7 @@ def bench(
         "smollm2-135m", "--tokenizer", help="with --endpoint and no run: whose tokens prompt lengths count"
     ),
     output_format: OutputFormat = FormatOption,
+    verbose: bool = VerboseOption,
 ) -> None:
     """Benchmark each run's artifact and its baseline side by side, in process; or, with
     --endpoint, latency and throughput under load through a server (stored in the runs given)."""
@@ -75,7 +76,7 @@ def bench(
         return
     if not runs:
         raise UserInputError("give RUN folders to benchmark, or --endpoint URL", "e.g. quantkit bench runs/*")
-    _bench_runs(runs, price_per_hour, repeats, device, output_format)
+    _bench_runs(runs, price_per_hour, repeats, device, output_format, verbose)
 
 
 def _bench_runs(
@@ -84,6 +85,7 @@ def _bench_runs(
     repeats: int | None,
     device: DeviceChoice | None,
     output_format: OutputFormat,
+    verbose: bool,
 ) -> None:
     from rich.table import Table
 
@@ -107,7 +109,7 @@ def _bench_runs(
         if output_format == OutputFormat.human:
             stderr.print(f"benchmarking {record.name} and its baseline")
         reporter = RichReporter() if output_format == OutputFormat.human else None
-        done.append(bench_run(record, spec, device_value(device), reporter).record)
+        done.append(bench_run(record, spec, device_value(device), reporter, verbose).record)
     if output_format == OutputFormat.json:
         emit_json(
             [

@@ -22,6 +22,15 @@ AllowImplausibleOption = typer.Option(
 )
 
 
+WideOption = typer.Option(False, "--wide", help="every column of the table, at its natural width")
+ColumnsOption = typer.Option(
+    None, "--columns", help="the table's columns, comma-separated (e.g. name,scheme,kld_mean,gate)"
+)
+VerboseOption = typer.Option(
+    False, "--verbose", "-v", help="library logs on the terminal (otherwise in the run's library.log)"
+)
+
+
 def device_option(default_help: str) -> DeviceChoice | None:
     """``--device auto|cpu|cuda`` (typer refuses anything else as a usage error, exit 2)."""
     return typer.Option(None, "--device", help=f"auto | cpu | cuda (default: {default_help})")

@@ -9,8 +9,16 @@ from typing import TYPE_CHECKING
 import typer
 from pydantic import JsonValue
 
-from quantkit.cli.common import AllowImplausibleOption, FormatOption, device_option, device_value
-from quantkit.cli.output import OutputFormat, RichReporter, emit_json, stderr, stdout
+from quantkit.cli.common import (
+    AllowImplausibleOption,
+    ColumnsOption,
+    FormatOption,
+    VerboseOption,
+    WideOption,
+    device_option,
+    device_value,
+)
+from quantkit.cli.output import OutputFormat, RichReporter, TableView, emit_json, stderr, stdout
 from quantkit.device import DeviceChoice
 from quantkit.errors import UserInputError
 
@@ -45,7 +53,9 @@ def eval_tasks(
     ),
     overrides: list[str] = typer.Option([], "--set", "-s", help="with --baseline: override a recipe field"),
     out: Path | None = typer.Option(None, "--out", "-o", help="with --baseline and one ARTIFACT: run folder"),
-    name: str | None = typer.Option(None, "--name", help="with --baseline and one ARTIFACT: display name"),
+    names: list[str] = typer.Option(
+        [], "--name", help="with --baseline: an ARTIFACT's display name (once per ARTIFACT, in order)"
+    ),
     bench: bool = typer.Option(False, "--bench/--no-bench", help="with --baseline: measure speed and memory"),
     overwrite: bool = typer.Option(False, "--overwrite", help="replace an existing --out folder"),
     device: DeviceChoice | None = device_option("the run's"),
@@ -61,6 +71,9 @@ def eval_tasks(
         None, "--top-logprobs", help="with --endpoint: log-probs asked per position (default 20, vLLM's cap)"
     ),
     output_format: OutputFormat = FormatOption,
+    wide: bool = WideOption,
+    columns: str | None = ColumnsOption,
+    verbose: bool = VerboseOption,
 ) -> None:
     """Run lm-eval tasks on each run's artifact and its baseline, updating the run; or, with
     --baseline, evaluate artifacts quantkit did not make (a run of kind external each)."""
@@ -75,10 +88,12 @@ def eval_tasks(
         eval_endpoint(targets, endpoint, served_model, api_key, top_logprobs, output_format)
         return
     if baseline is None:
-        external = _external_only(recipe, overrides, out, name, bench, allow_implausible_baseline)
+        external = _external_only(recipe, overrides, out, names, bench, allow_implausible_baseline)
+        external += [("--wide", wide), ("--columns", columns)]
         given = [flag for flag, value in external if value]
         if given:
             raise UserInputError(f"{given[0]} needs --baseline", "quantkit eval --baseline MODEL ARTIFACT...")
+    view = TableView.from_flags(columns, wide)
     records = _load_runs(targets) if baseline is None else []  # damaged runs first, then flags
     spec = _lm_eval_spec(tasks if tasks is not None or baseline is not None else DEFAULT_TASKS,
                          num_fewshot, limit, batch_size)  # fmt: skip
@@ -92,26 +107,27 @@ def eval_tasks(
             overrides=overrides,
             lm_eval=spec,
             out=out,
-            name=name,
+            names=names,
             bench=bench,
             overwrite=overwrite,
             device=device_value(device),
             allow_implausible_baseline=allow_implausible_baseline,
+            verbose=verbose,
         )
-        evaluate_external(request, output_format)
+        evaluate_external(request, output_format, view)
         return
     assert spec is not None
-    _eval_runs(records, spec, device_value(device), output_format)
+    _eval_runs(records, spec, device_value(device), output_format, verbose)
 
 
 def _external_only(
-    recipe: str | None, overrides: list[str], out: Path | None, name: str | None, bench: bool, allow: bool
+    recipe: str | None, overrides: list[str], out: Path | None, names: list[str], bench: bool, allow: bool
 ) -> list[tuple[str, object]]:
     return [
         ("--recipe", recipe),
         ("--set", overrides),
         ("--out", out),
-        ("--name", name),
+        ("--name", names),
         ("--bench", bench),
         ("--allow-implausible-baseline", allow),
     ]
@@ -160,7 +176,7 @@ def _load_runs(runs: list[Path]) -> list[RunRecord]:
 
 
 def _eval_runs(
-    records: list[RunRecord], spec: LmEvalSpec, device: str | None, output_format: OutputFormat
+    records: list[RunRecord], spec: LmEvalSpec, device: str | None, output_format: OutputFormat, verbose: bool
 ) -> None:
     from rich.table import Table
 
@@ -172,7 +188,7 @@ def _eval_runs(
         if output_format == OutputFormat.human:
             stderr.print(f"lm-eval {', '.join(spec.tasks)} on {record.name} and its baseline")
         reporter = RichReporter() if output_format == OutputFormat.human else None
-        result = eval_run(record, spec, device, reporter)
+        result = eval_run(record, spec, device, reporter, verbose)
         section = next(entry for entry in result.record.manifest.lm_eval or [] if entry.settings == spec)
         done.append((result.record, section, recovery(section.baseline, section.artifact)))
     if output_format == OutputFormat.json:

@@ -11,15 +11,7 @@ from typing import TYPE_CHECKING
 import typer
 from rich.markup import escape
 
-from quantkit.cli.output import (
-    OutputFormat,
-    RichReporter,
-    emit_json,
-    print_warnings,
-    stderr,
-    stdout,
-    terminal_width,
-)
+from quantkit.cli.output import OutputFormat, RichReporter, TableView, emit_json, print_comparison, stderr
 from quantkit.errors import UserInputError
 
 if TYPE_CHECKING:
@@ -37,11 +29,12 @@ class ExternalEvalRequest:
     overrides: list[str] = field(default_factory=list)
     lm_eval: LmEvalSpec | None = None
     out: Path | None = None
-    name: str | None = None
+    names: list[str] = field(default_factory=list)  # display names, one per artifact
     bench: bool = False
     overwrite: bool = False
     device: str | None = None
     allow_implausible_baseline: bool = False
+    verbose: bool = False
 
 
 def _recipes(request: ExternalEvalRequest) -> list[tuple[Recipe, str]]:
@@ -51,24 +44,30 @@ def _recipes(request: ExternalEvalRequest) -> list[tuple[Recipe, str]]:
     from quantkit.recipe import external_recipe
     from quantkit.specs import EvalEntry
 
-    if len(request.artifacts) > 1 and (request.out is not None or request.name is not None):
-        flag = "--out" if request.out is not None else "--name"
-        raise UserInputError(f"{flag} names one run, but {len(request.artifacts)} artifacts were given",
-                             f"evaluate them one at a time, or drop {flag}")  # fmt: skip
+    count = len(request.artifacts)
+    if count > 1 and request.out is not None:
+        raise UserInputError(f"--out names one run, but {count} artifacts were given",
+                             "evaluate them one at a time, or drop --out")  # fmt: skip
+    if request.names and len(request.names) != count:
+        raise UserInputError(
+            f"{len(request.names)} --name for {count} artifact{'s' if count > 1 else ''}",
+            "give --name once per artifact, in the same order, or not at all",
+        )
     planned = []
     artifacts = [inspect_external(path) for path in request.artifacts]
-    for path, name in zip(request.artifacts, display_names(artifacts), strict=True):
+    names = request.names or display_names(artifacts)
+    for path, name in zip(request.artifacts, names, strict=True):
         recipe = external_recipe(str(path.expanduser().resolve()), request.recipe, request.overrides)
         if request.lm_eval is not None:
             recipe = recipe.model_copy(update={"evals": [*recipe.evals, EvalEntry(lm_eval=request.lm_eval)]})
-        planned.append((recipe, request.name or name))
+        planned.append((recipe, name))
     return planned
 
 
-def evaluate_external(request: ExternalEvalRequest, output_format: OutputFormat) -> None:
+def evaluate_external(request: ExternalEvalRequest, output_format: OutputFormat, view: TableView) -> None:
     """Evaluate each artifact against the baseline; exit 1 when a gate fails."""
     from quantkit.pipeline import QuantizeRequest, run_quantize
-    from quantkit.report import render, table
+    from quantkit.report import table
 
     human = output_format == OutputFormat.human
     results = []
@@ -85,12 +84,12 @@ def evaluate_external(request: ExternalEvalRequest, output_format: OutputFormat)
             bench=request.bench,
             name=name,
             allow_implausible_baseline=request.allow_implausible_baseline,
+            verbose=request.verbose,
         )
         results.append(run_quantize(quantize_request, RichReporter() if human else None))
     if human:
         comparison = table.build([result.record for result in results])
-        stdout.print(render.to_rich(comparison, terminal_width()))
-        print_warnings(comparison.warnings)
+        print_comparison(comparison, view)
         for result in results:
             stderr.print(f"run saved to [bold]{escape(str(result.record.path))}[/bold]")
             for check in result.gate.checks if result.gate is not None else []:

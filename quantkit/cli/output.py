@@ -6,6 +6,7 @@ import json
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from enum import Enum
 from typing import TYPE_CHECKING
 
@@ -16,6 +17,8 @@ from quantkit.progress import Reporter
 
 if TYPE_CHECKING:
     from rich.progress import ProgressColumn
+
+    from quantkit.report.table import Comparison
 
 
 class OutputFormat(str, Enum):
@@ -41,6 +44,30 @@ def print_warnings(warnings: list[str]) -> None:
 
     for warning in warnings:  # wrapped at word boundaries in a terminal, whole lines when piped
         stderr.print(f"[yellow]warning:[/yellow] {escape(warning)}", soft_wrap=not stderr.is_terminal)
+
+
+@dataclass(frozen=True)
+class TableView:
+    """How a command shows its comparison in a terminal: fitted to the width (default), the
+    ``--columns`` chosen, or ``--wide`` (every column)."""
+
+    columns: list[str] | None = None
+    wide: bool = False
+
+    @classmethod
+    def from_flags(cls, columns: str | None, wide: bool) -> TableView:
+        """From ``--columns`` and ``--wide``; an unknown column is refused before anything runs."""
+        from quantkit.report.terminal import parse_columns
+
+        return cls(parse_columns(columns), wide)
+
+
+def print_comparison(comparison: Comparison, view: TableView) -> None:
+    """The comparison table on stdout as ``view`` asks, then its warnings on stderr."""
+    from quantkit.report import render
+
+    stdout.print(render.to_rich(comparison, terminal_width(), view.columns, view.wide))
+    print_warnings(comparison.warnings)
 
 
 def emit_json(data: object) -> None:

@@ -6,16 +6,16 @@ from pathlib import Path
 
 import typer
 
-from quantkit.cli.common import AllowImplausibleOption, FormatOption, device_option, device_value
-from quantkit.cli.output import (
-    OutputFormat,
-    RichReporter,
-    emit_json,
-    print_warnings,
-    stderr,
-    stdout,
-    terminal_width,
+from quantkit.cli.common import (
+    AllowImplausibleOption,
+    ColumnsOption,
+    FormatOption,
+    VerboseOption,
+    WideOption,
+    device_option,
+    device_value,
 )
+from quantkit.cli.output import OutputFormat, RichReporter, TableView, emit_json, print_comparison, stderr
 from quantkit.device import DeviceChoice
 
 DEFAULT_RECIPE = "fp8-dynamic"
@@ -33,7 +33,7 @@ def quantize(
     trust_remote_code: bool = typer.Option(
         False, "--trust-remote-code", help="allow model code from the folder"
     ),
-    verbose: bool = typer.Option(False, "--verbose", "-v", help="show library logs"),
+    verbose: bool = VerboseOption,
     bench: bool | None = typer.Option(
         None, "--bench/--no-bench", help="measure speed and memory (default: the recipe's bench.enabled)"
     ),
@@ -42,14 +42,17 @@ def quantize(
     ),
     allow_implausible_baseline: bool = AllowImplausibleOption,
     output_format: OutputFormat = FormatOption,
+    wide: bool = WideOption,
+    columns: str | None = ColumnsOption,
 ) -> None:
     """Quantize a model from a recipe, evaluate it against the baseline and store the run."""
     from rich.markup import escape
 
     from quantkit.pipeline import QuantizeRequest, run_quantize
     from quantkit.recipe import load_recipe_and_base, run_name
-    from quantkit.report import render, table
+    from quantkit.report import table
 
+    view = TableView.from_flags(columns, wide)
     resolved, base = load_recipe_and_base(recipe, overrides)
     human = output_format == OutputFormat.human
     if human:
@@ -70,8 +73,7 @@ def quantize(
     result = run_quantize(request, RichReporter() if human else None)
     comparison = table.build([result.record])
     if human:
-        stdout.print(render.to_rich(comparison, terminal_width()))
-        print_warnings(comparison.warnings)
+        print_comparison(comparison, view)
         stderr.print(f"run saved to [bold]{escape(str(result.record.path))}[/bold]")
         if result.gate is not None:
             for check in result.gate.checks:

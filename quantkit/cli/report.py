@@ -6,8 +6,8 @@ from pathlib import Path
 
 import typer
 
-from quantkit.cli.common import FormatOption
-from quantkit.cli.output import OutputFormat, emit_json, print_warnings, stderr, stdout, terminal_width
+from quantkit.cli.common import ColumnsOption, FormatOption, WideOption
+from quantkit.cli.output import OutputFormat, TableView, emit_json, print_comparison, stderr
 from quantkit.errors import OutputError
 
 _WRITERS = {
@@ -25,12 +25,8 @@ def report(
         [], "--output", "-o", help="write the report: .md, .json or .html (repeatable)"
     ),
     output_format: OutputFormat = FormatOption,
-    wide: bool = typer.Option(False, "--wide", help="every column, at its natural width"),
-    columns: str | None = typer.Option(
-        None,
-        "--columns",
-        help="these columns, comma-separated (e.g. name,scheme,kld_mean,decode_speed_ratio)",
-    ),
+    wide: bool = WideOption,
+    columns: str | None = ColumnsOption,
 ) -> None:
     """Compare runs against their baseline."""
     from quantkit.fileio import write_text_atomic
@@ -43,6 +39,7 @@ def report(
                 f"cannot write a report as '{target.suffix or target.name}'",
                 "use a .md, .json or .html file name",
             )
+    view = TableView.from_flags(columns, wide)
     records = [load_run(path) for path in runs]
     comparison = table.build(records)
     for target in outputs:
@@ -55,6 +52,4 @@ def report(
     if output_format == OutputFormat.json:
         emit_json(comparison.to_json())
         return
-    keys = None if columns is None else [key.strip() for key in columns.split(",") if key.strip()]
-    stdout.print(render.to_rich(comparison, terminal_width(), keys, wide))
-    print_warnings(comparison.warnings)
+    print_comparison(comparison, view)

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, cast
 
 import typer
 
-from quantkit.cli.common import FormatOption, device_option, device_value
+from quantkit.cli.common import FormatOption, VerboseOption, device_option, device_value
 from quantkit.cli.output import OutputFormat, RichReporter, emit_json, stderr, stdout
 from quantkit.device import DeviceChoice
 
@@ -51,11 +51,13 @@ def sensitivity(
     device: DeviceChoice | None = device_option("auto"),
     trust_remote_code: bool = typer.Option(False, "--trust-remote-code", help="allow model code"),
     output_format: OutputFormat = FormatOption,
+    verbose: bool = VerboseOption,
 ) -> None:
     """KLD increase per decoder layer and tensor class when only that part is quantized low, for
     each format (GGUF types in llama.cpp; GPTQ's integer bits in transformers)."""
     from quantkit.fileio import write_text_atomic
-    from quantkit.progress import Reporter
+    from quantkit.library_log import LIBRARY_LOG, LOG_NAME
+    from quantkit.progress import Reporter, library_bars_hidden, quiet_libraries
     from quantkit.report.sensitivity import profile_html, profile_table
     from quantkit.search.profile import (
         DEFAULT_TYPES,
@@ -76,15 +78,19 @@ def sensitivity(
     recipe = profile_recipe(model, overrides, device_value(device), types.get("gguf", ("Q8_0",))[0])
     human = output_format == OutputFormat.human
     profiles: list[Profile] = []
+    quiet_libraries(verbose)
+    mark = LIBRARY_LOG.begin_run()
     for fmt, (fmt_base, fmt_low) in types.items():
         request = ProfileRequest(recipe, fmt_base, fmt_low, not proxy_only, trust_remote_code, fmt)
-        profiles.append(build_profile(request, RichReporter() if human else Reporter()))
+        with library_bars_hidden(verbose):
+            profiles.append(build_profile(request, RichReporter() if human else Reporter()))
     names = ["sensitivity.json"] if len(profiles) == 1 else [f"sensitivity-{p.format}.json" for p in profiles]
     if out is not None:
         out.mkdir(parents=True, exist_ok=True)
         for name, profile in zip(names, profiles, strict=True):
             write_text_atomic(out / name, profile.model_dump_json(indent=1))
         write_text_atomic(out / "sensitivity.html", profile_html(profiles))
+        write_text_atomic(out / LOG_NAME, LIBRARY_LOG.run_text(mark))
     if not human:
         dumps = [p.model_dump(mode="json", exclude={"tensors"}) for p in profiles]
         emit_json(dumps[0] if len(dumps) == 1 else {"profiles": dumps})
@@ -128,6 +134,7 @@ def search(
     device: DeviceChoice | None = device_option("auto"),
     trust_remote_code: bool = typer.Option(False, "--trust-remote-code", help="allow model code"),
     output_format: OutputFormat = FormatOption,
+    verbose: bool = VerboseOption,
 ) -> None:
     """The GGUF per-tensor (or GPTQ per-layer) mix that meets a quality budget at the least size
     (or the fastest decode, or the least memory, measured), its candidates evaluated as a sweep."""
@@ -154,6 +161,7 @@ def search(
         trust_remote_code=trust_remote_code,
         objective=cast("Objective", objective),
         formats=searched,
+        verbose=verbose,
     )
     human = output_format == OutputFormat.human
     result = run_search(

@@ -6,8 +6,16 @@ from pathlib import Path
 
 import typer
 
-from quantkit.cli.common import AllowImplausibleOption, FormatOption, device_option, device_value
-from quantkit.cli.output import OutputFormat, emit_json, stderr, stdout, terminal_width
+from quantkit.cli.common import (
+    AllowImplausibleOption,
+    ColumnsOption,
+    FormatOption,
+    VerboseOption,
+    WideOption,
+    device_option,
+    device_value,
+)
+from quantkit.cli.output import OutputFormat, TableView, emit_json, print_comparison, stderr
 from quantkit.device import DeviceChoice
 
 
@@ -35,18 +43,20 @@ def sweep(
     device: DeviceChoice | None = device_option("each recipe's"),
     bench: bool | None = typer.Option(None, "--bench/--no-bench", help="measure speed and memory"),
     trust_remote_code: bool = typer.Option(False, "--trust-remote-code", help="allow model code"),
-    verbose: bool = typer.Option(False, "--verbose", "-v", help="show library logs"),
+    verbose: bool = VerboseOption,
     allow_implausible_baseline: bool = AllowImplausibleOption,
     output_format: OutputFormat = FormatOption,
+    wide: bool = WideOption,
+    columns: str | None = ColumnsOption,
 ) -> None:
     """Quantize and evaluate many recipes against one baseline; one folder, one report."""
     from rich.markup import escape
 
     from quantkit.cli.sweep_view import RichSweepView
-    from quantkit.report import render
     from quantkit.sweep.driver import SilentView, SweepRequest, run_sweep, sweep_comparison
     from quantkit.sweep.spec import SweepFlags, spec_from_command
 
+    view = TableView.from_flags(columns, wide)
     flags = SweepFlags(models, grid, overrides, name, ray, jobs, device_value(device))
     spec = spec_from_command(items, flags)
     request = SweepRequest(
@@ -60,7 +70,7 @@ def sweep(
     human = output_format == OutputFormat.human
     result = run_sweep(request, RichSweepView() if human else SilentView())
     if human:
-        stdout.print(render.to_rich(sweep_comparison(result), terminal_width()))
+        print_comparison(sweep_comparison(result), view)
         counts = result.manifest.counts()
         stderr.print(
             f"sweep saved to [bold]{escape(str(result.folder))}[/bold]: {counts['done']} done, "

@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, JsonValue
 
 from quantkit.device import BaselineDtype
 from quantkit.errors import BackendError
+from quantkit.library_log import LIBRARY_LOG
 from quantkit.manifest import BenchSection, BenchSide
 from quantkit.specs import BenchSpec
 
@@ -64,6 +65,10 @@ class BenchTarget:
 def _worker(settings: WorkerSettings) -> BenchSide:
     command = [sys.executable, "-m", "quantkit.evals.perf_worker", settings.model_dump_json()]
     result = subprocess.run(command, capture_output=True, text=True)
+    if LIBRARY_LOG.verbose:
+        sys.stderr.write(result.stderr)
+    else:
+        LIBRARY_LOG.write("bench worker", result.stderr.splitlines())
     lines = [line for line in result.stdout.splitlines() if line.startswith("{")]
     if result.returncode != 0 or not lines:
         last = (result.stderr.strip().splitlines() or ["no output"])[-1]

@@ -133,8 +133,8 @@ def main() -> None:
     settings = WorkerSettings.model_validate_json(sys.argv[1])
     from quantkit.progress import native_stderr_captured, quiet_libraries
 
-    quiet_libraries(False)
-    with native_stderr_captured(verbose=False):
+    quiet_libraries(True)  # everything to stderr, which the parent adds to its library log
+    with native_stderr_captured(verbose=True):
         result = measure(settings)
     sys.stdout.write(result.model_dump_json() + "\n")
 

@@ -61,21 +61,38 @@ DROP_ORDER = ("peak_memory_bytes", "size_ratio", "disk_bytes", "top1_agreement_p
 _SHOWN_WHEN_MEASURED = ("decode_speed_ratio", "peak_memory_bytes", "gate")
 
 
-def view_columns(comparison: Comparison, keys: list[str] | None) -> list[ViewColumn]:
-    """The default view's columns with a value in some row, or the ``keys`` asked for (any
-    column of the wide table or of the default view); an unknown key is a usage error."""
+def _known_columns() -> dict[str, ViewColumn]:
+    """Every column ``--columns`` can name: the default view's and the wide table's."""
     known = {column.key: column for column in DEFAULT_VIEW}
     known |= {key: ViewColumn(key, title, text=key in ("run_id", "method")) for key, title in COLUMNS}
     known |= {key: ViewColumn(key, title) for key, title in OPTIONAL_COLUMNS}
     known["name"] = DEFAULT_VIEW[0]
+    return known
+
+
+def parse_columns(text: str | None) -> list[str] | None:
+    """``--columns a,b,c`` as column keys (None: the default view); an unknown key is a usage
+    error, found before anything runs."""
+    if text is None:
+        return None
+    keys = [key.strip() for key in text.split(",") if key.strip()]
+    known = _known_columns()
+    unknown = [key for key in keys if key not in known]
+    if unknown or not keys:
+        named = ", ".join(repr(key) for key in unknown)
+        raise UserInputError(
+            f"unknown column {named}" if unknown else "--columns names no column",
+            f"columns: {', '.join(sorted(known))}",
+        )
+    return keys
+
+
+def view_columns(comparison: Comparison, keys: list[str] | None) -> list[ViewColumn]:
+    """The default view's columns with a value in some row, or the ``keys`` asked for (any
+    column of the wide table or of the default view); an unknown key is a usage error."""
     if keys is not None:
-        unknown = [key for key in keys if key not in known]
-        if unknown:
-            raise UserInputError(
-                f"unknown column {', '.join(repr(key) for key in unknown)}",
-                f"columns: {', '.join(sorted(known))}",
-            )
-        return [known[key] for key in keys]
+        known = _known_columns()
+        return [known[key] for key in parse_columns(",".join(keys)) or []]
     rows = comparison.rows
     present = {
         key

@@ -119,6 +119,7 @@ class SearchRequest:
     trust_remote_code: bool = False
     objective: Objective = "size"
     formats: list[SearchFormat] = field(default_factory=lambda: ["gguf"])
+    verbose: bool = False  # library output on the terminal (otherwise in library.log)
 
 
 @dataclass
@@ -170,15 +171,20 @@ def load_profile(path: Path) -> Profile:
 
 def run_search(request: SearchRequest, reporter: Reporter, view: SweepView | None = None) -> SearchResult:
     """Profiles, paths, candidates as one sweep, winner and its recipe, in ``request.out``."""
+    from quantkit.library_log import LIBRARY_LOG, LOG_NAME
+    from quantkit.progress import library_bars_hidden, quiet_libraries
     from quantkit.search import mix
 
     start = time.perf_counter()
     _check_out(request.out)
+    quiet_libraries(request.verbose)
+    mark = LIBRARY_LOG.begin_run()
     given = _given_profiles(request)
     request.out.mkdir(parents=True, exist_ok=True)
     profiles: dict[str, tuple[Profile, str]] = {}
     for fmt in request.formats:
-        profiles[fmt] = given.get(fmt) or (_proxy_profile(request, fmt, reporter), "proxy")
+        with library_bars_hidden(request.verbose):
+            profiles[fmt] = given.get(fmt) or (_proxy_profile(request, fmt, reporter), "proxy")
         name = "sensitivity.json" if len(request.formats) == 1 else f"sensitivity-{fmt}.json"
         (request.out / name).write_text(profiles[fmt][0].model_dump_json(indent=1), encoding="utf-8")
     profile_s = time.perf_counter() - start
@@ -214,6 +220,7 @@ def run_search(request: SearchRequest, reporter: Reporter, view: SweepView | Non
     code = _choose(request, record)
     _add_profile_to_report(request.out, [p for p, _ in profiles.values()])
     (request.out / "search.json").write_text(record.model_dump_json(indent=1), encoding="utf-8")
+    (request.out / LOG_NAME).write_text(LIBRARY_LOG.run_text(mark), encoding="utf-8")
     return SearchResult(request.out, record, code)
 
 
@@ -404,6 +411,7 @@ def _sweep(request: SearchRequest, recipes: list[Path], view: SweepView | None) 
         out=request.out / "sweep",
         bench=request.objective != "size",  # decode speed and memory are measured, not predicted
         trust_remote_code=request.trust_remote_code,
+        verbose=request.verbose,
     )
     return run_sweep(sweep_request, view)
 

@@ -310,7 +310,9 @@ def test_second_half_protocol_is_recorded_and_reported_against_its_own_baseline(
     tmp_path: Path, tiny_recipe: Path, capsys
 ) -> None:
     full, half = tmp_path / "full", tmp_path / "half"
-    assert main(["quantize", str(tiny_recipe), "--out", str(full)]) == 0
+    assert main(["quantize", str(tiny_recipe), "--out", str(full), "--columns", "name,kld_mean"]) == 0
+    table = capsys.readouterr().out  # the columns asked for, and no other
+    assert "KLD" in table and "tiny-fp8" in table and "Δppl" not in table and "scheme" not in table
     assert main(["quantize", str(tiny_recipe), "--out", str(half), "--set", "eval.score=second_half"]) == 0
     a, b = (json.loads((run / "manifest.json").read_text()) for run in (full, half))
     assert (a["eval"]["score"], b["eval"]["score"]) == ("all", "second_half")
@@ -354,6 +356,25 @@ def test_a_quantize_shows_quantkits_lines_only_and_verbose_shows_the_libraries(
         [*command, "--out", str(tmp_path / "b"), "-v"], capture_output=True, text=True, env=env
     )
     assert loud.returncode == 0 and "Failed to load" in loud.stderr and "_pytree" in loud.stderr
+    # what was hidden is in the run's library.log; with -v the log says where it went
+    log = (tmp_path / "a" / "library.log").read_text()
+    assert log.startswith("== ") and "quantize" in log.splitlines()[0]
+    assert "WARNING torchao: Failed to load" in log and "_pytree" in log and "it/s]" not in log
+    loud_log = (tmp_path / "b" / "library.log").read_text()
+    assert "library output went to the terminal (-v)" in loud_log and "Failed to load" not in loud_log
+
+
+@pytest.mark.parametrize("command", ["quantize", "sweep", "report"])
+def test_an_unknown_column_is_refused_before_anything_runs(
+    command: str, tiny_recipe: Path, tmp_path: Path, capsys
+) -> None:
+    """A misspelt --columns fails at once (exit 2), not after quantizing or sweeping."""
+    out = tmp_path / "never"
+    target = ["runs/none"] if command == "report" else [str(tiny_recipe), "--out", str(out)]
+    code = main([command, *target, "--columns", "name,kld"])
+    err = capsys.readouterr().err
+    assert code == 2 and "error: unknown column 'kld'" in err and "hint: columns: " in err, err
+    assert not out.exists()
 
 
 _HELP_AT_80 = r"""

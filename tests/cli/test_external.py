@@ -87,21 +87,24 @@ def test_the_baseline_against_itself_scores_zero(tmp_path: Path, tiny_model: Pat
 
 
 def test_a_run_and_its_artifact_folder_reproduce_the_runs_own_figures(
-    tmp_path: Path, tiny_model: Path, capsys
+    tmp_path: Path, tiny_model: Path, capsys, monkeypatch
 ) -> None:
     """Another run (given as its folder, or as its artifact folder of compressed-tensors files)
     scored against the same baseline gives that run's KLD, ppl and top-1 exactly, and sits in
-    the same report group as the run itself (one baseline row); the source run stays valid."""
+    the same report group as the run itself (one baseline row); the source run stays valid.
+    Both are evaluated by one command, each under the --name given for it."""
     recipe = write_tiny_recipe(tmp_path, tiny_model)
     run = tmp_path / "fp8"
     assert run_cli(capsys, "quantize", recipe, "--out", run)[0] == 0
     before = snapshot(run)
     own = manifest(run)
-    as_run, as_folder = tmp_path / "as-run", tmp_path / "as-folder"
-    code, _, err = run_cli(capsys, "eval", "-b", tiny_model, run, "--out", as_run, "--recipe", recipe)
+    monkeypatch.setenv("QUANTKIT_RUNS_DIR", str(tmp_path / "runs"))
+    code, _, err = run_cli(capsys, "eval", "-b", tiny_model, run, run / "artifact", "--recipe", recipe,
+                           "--name", "as-run", "--name", "as-folder")  # fmt: skip
     assert code == 0, err
-    code, _, err = run_cli(capsys, "eval", "-b", tiny_model, run / "artifact", "--out", as_folder, *BUDGET)
-    assert code == 0, err
+    made = {manifest(folder)["name"]: folder for folder in (tmp_path / "runs").iterdir()}
+    assert sorted(made) == ["as-folder", "as-run"]
+    as_run, as_folder = made["as-run"], made["as-folder"]
     for external in (manifest(as_run), manifest(as_folder)):
         for name in ("kld_mean", "kld_p99", "ppl", "top1_agreement_pct"):
             assert metric(external, name) == metric(own, name), name
@@ -120,7 +123,7 @@ def test_a_run_and_its_artifact_folder_reproduce_the_runs_own_figures(
     report = json.loads(out)
     assert [group["runs"] for group in report["groups"]] == [3]  # one baseline row for all three
     rows = report["rows"]
-    assert [row["name"] for row in rows] == ["baseline", "tiny-fp8", "fp8", "artifact"]
+    assert [row["name"] for row in rows] == ["baseline", "tiny-fp8", "as-run", "as-folder"]
     assert [row["method"] for row in rows] == ["none", "fp8", "external", "external"]
     assert [row["quantize_s"] is None for row in rows] == [True, False, True, True]
 
@@ -206,5 +209,11 @@ def test_flags_that_need_a_baseline_or_one_artifact(tmp_path: Path, tiny_model: 
     _assert_clean_failure(code, err, "--recipe needs --baseline", tmp_path / "runs")
     code, _, err = run_cli(capsys, "eval", "-b", tiny_model, tiny_model, tiny_model, "--out", tmp_path / "o")
     _assert_clean_failure(code, err, "--out names one run, but 2 artifacts were given", tmp_path / "runs")
+    code, _, err = run_cli(capsys, "eval", "-b", tiny_model, tiny_model, tiny_model, "--name", "a")
+    _assert_clean_failure(code, err, "1 --name for 2 artifacts", tmp_path / "runs")
+    code, _, err = run_cli(capsys, "eval", "-b", tiny_model, tiny_model, "--columns", "name,nonsense")
+    _assert_clean_failure(code, err, "unknown column 'nonsense'", tmp_path / "runs")
+    code, _, err = run_cli(capsys, "eval", tmp_path, "--wide")
+    _assert_clean_failure(code, err, "--wide needs --baseline", tmp_path / "runs")
     code, _, err = run_cli(capsys, "eval", "-b", tiny_model, tiny_model, "--set", "options.type=Q4_0")
     _assert_clean_failure(code, err, "unknown field 'options.type'", tmp_path / "runs")

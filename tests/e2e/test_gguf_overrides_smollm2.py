@@ -61,7 +61,17 @@ def test_the_file_grows_by_exactly_the_bytes_of_the_overridden_tensors(runs: dic
     bpw = {name: run["artifact"]["details"]["bits_per_weight"] for name, run in runs.items()}
     print(f"sizes {size}, bits per weight {bpw}")
     assert bpw["gguf-q4_k_m-ffn-down-q8"] > bpw["gguf-q4_k_m"]
-    assert mixed["artifact"]["scheme"] == "Q4_K_M+overrides" and plain["artifact"]["scheme"] == "Q4_K_M"
+    # the label says what the file holds (#39): Q4_K_M's preset for the plain file, "mixed" with
+    # each type's share of the quantized weights for the other
+    assert plain["artifact"]["scheme"] == "Q4_K_M"
+    shares = mixed["artifact"]["details"]["type_shares_pct"]
+    assert abs(sum(shares.values()) - 100) < 0.5 and shares["Q8_0"] > plain["artifact"]["details"][
+        "type_shares_pct"
+    ].get("Q8_0", 0)
+    top = sorted(shares, key=shares.get, reverse=True)[:2]
+    assert mixed["artifact"]["scheme"].startswith(f"mixed {top[0]} {shares[top[0]]:.0f}% {top[1]} "), mixed[
+        "artifact"
+    ]["scheme"]
 
 
 def test_more_bits_on_ffn_down_do_not_raise_the_kld(runs: dict[str, dict]) -> None:

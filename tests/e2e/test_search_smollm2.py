@@ -86,6 +86,10 @@ def test_search_writes_candidates_a_report_a_profile_and_a_recipe(searched: tupl
     for name in (*files, "chosen-recipe.yaml", f"candidates/{gptq['name']}.yaml"):
         assert (out / name).is_file(), name
     assert "overrides:" in (out / "candidates" / f"{gptq['name']}.yaml").read_text()
+    # library output (e.g. the GPTQ candidate's llm-compressor lines) in logs, not on the terminal
+    assert (out / "library.log").read_text().startswith("== ")
+    candidate_log = out / "sweep" / "runs" / gptq["name"] / "library.log"
+    assert "llmcompressor" in candidate_log.read_text(), candidate_log.read_text()[:2000]
     html = (out / "report.html").read_text()
     assert "sensitivity profile (gguf)" in html and "sensitivity profile (gptq)" in html and "<svg" in html
     print(json.dumps(record["candidates"], indent=1), record["why"])

@@ -138,7 +138,7 @@ class RayExecutor:
         from quantkit.progress import native_stderr_captured
 
         try:
-            with native_stderr_captured(verbose=False):  # the C++ client logs each refusal
+            with native_stderr_captured(verbose=False, source="ray"):  # the C++ client logs each refusal
                 GcsClient(address=f"{target[0]}:{target[1]}").cluster_id  # noqa: B018
         except AuthenticationError:
             raise UserInputError(
