@@ -251,13 +251,7 @@ def _tensor_type(tensor: GGUFTensor, new_type: str, rules: _Rules) -> str:
         new_type = _ffn_down(new_type, ftype, imatrix, counters["ffn_down"], n_layer)
         counters["ffn_down"] += 1
     elif "attn_output.weight" in name:
-        new_type = {
-            "Q2_K": "Q3_K",
-            "IQ3_XXS": "IQ3_S",
-            "Q3_K_M": "Q4_K",
-            "Q3_K_L": "Q5_K",
-            "IQ3_M": "Q4_K",
-        }.get(ftype, new_type)
+        new_type = _ATTN_OUTPUT.get(ftype, new_type)
     elif "attn_qkv.weight" in name:
         if ftype in ("Q3_K_M", "Q3_K_L", "IQ3_M"):
             new_type = "Q4_K"

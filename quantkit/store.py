@@ -134,7 +134,29 @@ def remove_partial(folder: Path) -> bool:
     return True
 
 
-class RunWriter:
+class _RunFiles:
+    """Atomic writes into the folder a run's files go to now (``folder``)."""
+
+    @property
+    def folder(self) -> Path:
+        raise NotImplementedError
+
+    @property
+    def artifact_dir(self) -> Path:
+        return self.folder / "artifact"
+
+    def write_json(self, name: str, data: JsonValue) -> Path:
+        path = self.folder / name
+        write_json_atomic(path, data)
+        return path
+
+    def write_text(self, name: str, text: str) -> Path:
+        path = self.folder / name
+        write_text_atomic(path, text)
+        return path
+
+
+class RunWriter(_RunFiles):
     """Builds a run in ``.NAME.partial`` beside ``final_dir`` under an exclusive lock.
 
     The folder's journal records completed stages, so an interrupted run can be resumed;
@@ -162,10 +184,6 @@ class RunWriter:
         self.journal: Journal | None = None
 
     @property
-    def artifact_dir(self) -> Path:
-        return self.tmp_dir / "artifact"
-
-    @property
     def folder(self) -> Path:
         """Where the run's files are written now (the hidden partial folder)."""
         return self.tmp_dir
@@ -174,16 +192,6 @@ class RunWriter:
         """The run's journal (resumed when the folder holds one with the same fingerprint)."""
         self.journal = Journal.open(self.tmp_dir, identity, fingerprint)
         return self.journal
-
-    def write_json(self, name: str, data: JsonValue) -> Path:
-        path = self.tmp_dir / name
-        write_json_atomic(path, data)
-        return path
-
-    def write_text(self, name: str, text: str) -> Path:
-        path = self.tmp_dir / name
-        write_text_atomic(path, text)
-        return path
 
     def commit(self) -> Path:
         """Move the finished run into place (replacing an old one only with overwrite).
@@ -223,7 +231,7 @@ class RunWriter:
         self._lock.close()
 
 
-class RunUpdater:
+class RunUpdater(_RunFiles):
     """A finished run being updated in place (``quantkit bench RUN``, ``quantkit eval RUN``),
     under the same exclusive lock a writer holds; each file is replaced atomically."""
 
@@ -239,20 +247,6 @@ class RunUpdater:
     @property
     def folder(self) -> Path:
         return self.final_dir
-
-    @property
-    def artifact_dir(self) -> Path:
-        return self.final_dir / "artifact"
-
-    def write_json(self, name: str, data: JsonValue) -> Path:
-        path = self.final_dir / name
-        write_json_atomic(path, data)
-        return path
-
-    def write_text(self, name: str, text: str) -> Path:
-        path = self.final_dir / name
-        write_text_atomic(path, text)
-        return path
 
     def release(self) -> None:
         (self.final_dir / LOCK_FILE).unlink(missing_ok=True)
@@ -273,11 +267,6 @@ class RunRecord:
 
     def metric(self, name: str) -> float | None:
         return self.manifest.metric(name)
-
-
-def write_manifest(folder: RunWriter | RunUpdater, manifest: Manifest) -> Path:
-    """Write ``manifest.json`` (schema ``MANIFEST_SCHEMA``) into the run being built or updated."""
-    return folder.write_text(MANIFEST, manifest.model_dump_json(indent=2) + "\n")
 
 
 def _file_kind(path: Path) -> str:

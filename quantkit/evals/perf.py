@@ -23,18 +23,6 @@ from quantkit.library_log import LIBRARY_LOG
 from quantkit.manifest import BenchSection, BenchSide
 from quantkit.specs import BenchSpec
 
-# Documented reference prices (USD per device-hour, on-demand list prices seen in late 2026;
-# pass your own with bench.price_per_hour or --price-per-hour).
-REFERENCE_PRICES = {
-    "cpu-2core": 0.10,
-    "l4": 0.80,
-    "a10g": 1.20,
-    "l40s": 1.90,
-    "a100-80gb": 3.00,
-    "h100-80gb": 4.50,
-    "h200": 5.50,
-}
-
 
 class WorkerSettings(BaseModel):
     """What one benchmark process measures (passed to ``perf_worker`` as JSON)."""

@@ -125,7 +125,6 @@ class RunContext:
     tokens: Tokens
     results: RunResults
     settings: RunSettings = field(default_factory=RunSettings)
-    timings: dict[str, float] = field(default_factory=dict)
 
     @property
     def dtype(self) -> BaselineDtype:

@@ -91,12 +91,10 @@ class PlannedRun(BaseModel):
     recipe: Recipe
 
 
-def load_sweep(path: Path) -> SweepSpec:
-    """Read and validate a sweep file; errors name the file and the field."""
+def _read_sweep_file(path: Path) -> dict[str, object]:
+    """A sweep file's mapping (``_is_sweep_file`` said it is one)."""
     data = read_yaml(path, "sweep")
-    if not isinstance(data, dict):
-        raise RecipeError(f"{path}: a sweep must be a YAML mapping", "see docs/sweeps.md")
-    return validate_sweep(data, path.name)
+    return {str(key): value for key, value in data.items()} if isinstance(data, dict) else {}
 
 
 def validate_sweep(data: Mapping[str, object], where: str) -> SweepSpec:
@@ -281,8 +279,7 @@ def spec_from_command(items: list[str], flags: SweepFlags) -> SweepSpec:
     data: dict[str, object]
     if sweep_files:
         path = Path(sweep_files[0]).expanduser()
-        loaded = read_yaml(path, "sweep")
-        data = {str(key): value for key, value in loaded.items()} if isinstance(loaded, dict) else {}
+        data = _read_sweep_file(path)
         data.setdefault("name", _file_name(path))
         where = path.name
     else:

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from quantkit.errors import RecipeError
-from quantkit.sweep.spec import SweepFlags, expand, load_sweep, parse_grid, spec_from_command
+from quantkit.sweep.spec import SweepFlags, expand, parse_grid, spec_from_command
 
 
 def command(*items: str, grid: tuple[str, ...] = (), overrides: tuple[str, ...] = ()):
@@ -46,7 +46,7 @@ device: cpu
 """,
         encoding="utf-8",
     )
-    spec = load_sweep(path)
+    spec = spec_from_command([str(path)], SweepFlags())
     runs = expand(spec)
     assert [run.run_id for run in runs] == [
         "fp8-dynamic-1",
@@ -61,7 +61,9 @@ device: cpu
         assert (run.recipe.eval.num_windows, run.recipe.eval.seq_len) == (4, 128)
         assert run.recipe.gates.max_kld == 0.5 and run.recipe.device == "cpu"
     # adding a recipe keeps the ids of the others (a rerun finds their folders)
-    spec2 = spec.model_copy(update={"recipes": [*spec.recipes[:1], *load_sweep(path).recipes]})
+    spec2 = spec.model_copy(
+        update={"recipes": [*spec.recipes[:1], *spec_from_command([str(path)], SweepFlags()).recipes]}
+    )
     with pytest.raises(RecipeError, match="are the same recipe on the same model"):
         expand(spec2)
 
@@ -89,14 +91,14 @@ def test_sweep_file_errors_name_the_file_and_field(tmp_path: Path) -> None:
     path = tmp_path / "s.yaml"
     path.write_text("recipes: [fp8-dynamic]\nexecuter: ray\n", encoding="utf-8")
     with pytest.raises(RecipeError, match=r"s.yaml: unknown field 'executer'") as err:
-        load_sweep(path)
+        spec_from_command([str(path)], SweepFlags())
     assert "executor" in err.value.hint
     path.write_text("recipes: []\n", encoding="utf-8")
     with pytest.raises(RecipeError, match=r"s.yaml: invalid value for 'recipes'"):
-        load_sweep(path)
+        spec_from_command([str(path)], SweepFlags())
     path.write_text("recipes: [fp8-dynamic]\nray: {adress: auto}\n", encoding="utf-8")
     with pytest.raises(RecipeError, match=r"unknown field 'ray.adress'"):
-        load_sweep(path)
+        spec_from_command([str(path)], SweepFlags())
 
 
 def test_grid_values_are_yaml_scalars() -> None:
