@@ -15,12 +15,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
 
 from quantkit.errors import ArtifactError
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
+
+    from quantkit.runtimes.base import OwnTokenizer
 
 # What tokenizers disagree on first: whitespace runs (user-defined pieces in Gemma 3), tabs,
 # indented code, digit runs (SmolLM2 splits digits), punctuation runs, accents, CJK, emoji
@@ -35,34 +37,6 @@ _STRESS = (
     "<p>Markup <b>bold</b> &amp; entities</p>\n"
     "      six spaces\n" + " " * 31 + "thirty-one spaces\n" + "\n" * 31 + "end\n"
 )
-
-
-class OwnTokenizer(Protocol):
-    """A file's own tokenizer, as its runtime cuts text (a GGUF's ``tokenizer.ggml.*`` in
-    llama.cpp); ``quantkit.runtimes.base.Runtime.own_tokenizer`` opens it."""
-
-    @property
-    def bos_token_id(self) -> int | None: ...
-
-    @property
-    def adds_bos(self) -> bool:
-        """Whether the file leads a text with BOS (llama-perplexity and servers follow it)."""
-        ...
-
-    def tokenize(self, data: bytes, special: bool) -> list[int]:
-        """Ids of ``data`` without BOS; ``special``: special-token strings count as those tokens."""
-        ...
-
-    def detokenize(self, ids: list[int]) -> bytes:
-        """The pieces of ``ids`` joined, as the file spells each one."""
-        ...
-
-    def text(self, ids: list[int]) -> bytes:
-        """The text ``ids`` encode, to be cut again: ``detokenize`` without the leading space
-        the tokenizer itself adds to a text (SentencePiece's dummy prefix)."""
-        ...
-
-    def close(self) -> None: ...
 
 
 class TokenizerMismatchError(ArtifactError):

@@ -142,8 +142,9 @@ def search(
     from quantkit.cli.sweep_view import RichSweepView
     from quantkit.paths import runs_dir
     from quantkit.progress import Reporter
-    from quantkit.search.driver import Objective, SearchRequest, budget_from, check_request, run_search
+    from quantkit.search.driver import SearchRequest, budget_from, check_request, run_search
     from quantkit.search.profile import profile_recipe
+    from quantkit.search.record import Objective
     from quantkit.sweep.driver import SilentView
 
     searched = _formats(formats)

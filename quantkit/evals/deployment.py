@@ -28,8 +28,7 @@ if TYPE_CHECKING:
     import numpy as np
     import numpy.typing as npt
 
-    from quantkit.runtimes.base import Runtime
-    from quantkit.tokenizer_check import OwnTokenizer
+    from quantkit.runtimes.base import OwnTokenizer, Runtime
     from quantkit.tokens import TokenWindows
 
 GAP_FLOOR_PCT = 1.0

@@ -7,7 +7,7 @@ from html import escape
 
 from quantkit import __version__
 from quantkit.report import plots
-from quantkit.report.table import TEXT_KEYS, Comparison, Group, format_cell
+from quantkit.report.table import NOTE, TEXT_KEYS, Comparison, Group, format_cell
 
 _CSS = """
 body { font-family: system-ui, -apple-system, "Segoe UI", Helvetica, Arial, sans-serif; margin: 24px;
@@ -118,8 +118,6 @@ def _section(comparison: Comparison, group: Group, index: int) -> str:
 
 def to_html(comparison: Comparison) -> str:
     """The report as one HTML page with inline CSS and SVG: nothing is fetched when it is opened."""
-    from quantkit.report.render import NOTE
-
     models = sorted({group.model for group in comparison.groups})
     model = ", ".join(models)
     created = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")

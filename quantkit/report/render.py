@@ -5,16 +5,10 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING
 
-from quantkit.report.table import TEXT_KEYS, Comparison, Group, format_cell
+from quantkit.report.table import NOTE, TEXT_KEYS, Comparison, Group, format_cell
 
 if TYPE_CHECKING:
     from rich.console import RenderableType
-
-NOTE = (
-    "Δppl and KLD are against the unquantized baseline of each group on identical token windows; "
-    "KLD is KL(baseline ‖ quantized) in nats per token. bits (quantized): nominal bits per weight of "
-    "the quantized layers; bpw (file): bits per parameter of the whole file."
-)
 
 
 def _markdown_table(comparison: Comparison, group: Group) -> list[str]:

@@ -9,8 +9,8 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from rich.table import Table
 
-    from quantkit.search.driver import SearchRecord
     from quantkit.search.profile import Profile, UnitScore
+    from quantkit.search.record import SearchRecord
 
 BAR_W, BAR_GAP, CHART_H, LEFT, TOP, BOTTOM = 14, 4, 180, 70, 36, 110
 

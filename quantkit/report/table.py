@@ -64,6 +64,12 @@ OPTIONAL_COLUMNS: list[tuple[str, str]] = [
 ]
 
 TEXT_KEYS = ("name", "run_id", "method", "scheme")
+NOTE = (  # under the Markdown and HTML reports' tables
+    "Δppl and KLD are against the unquantized baseline of each group on identical token windows; "
+    "KLD is KL(baseline ‖ quantized) in nats per token. bits (quantized): bits per weight of the "
+    "quantized layers (the scheme's nominal figure; measured from the file for GGUF); bpw (file): "
+    "bits per parameter of the whole file."
+)
 _QUALITY = ("ppl", "ppl_increase_pct", "kld_mean", "kld_p99", "top1_agreement_pct")
 
 

@@ -28,7 +28,6 @@ if TYPE_CHECKING:
 
     from quantkit.device import BaselineDtype
     from quantkit.jsontypes import JsonDict
-    from quantkit.tokenizer_check import OwnTokenizer
 
 # The arrays of the scoring contract. Token ids quantkit sends are int64. What a runtime returns
 # is float32 log-probs and int32 ids from the in-process ones (torch), float64 and int64 from an
@@ -118,6 +117,34 @@ LmEvalModel: TypeAlias = "tuple[str | object, JsonDict | None]"
 an ``lm_eval.api.model.LM`` instance (then ``None``)."""
 
 
+class OwnTokenizer(Protocol):
+    """A file's own tokenizer, as its runtime cuts text (a GGUF's ``tokenizer.ggml.*`` in
+    llama.cpp); ``Runtime.own_tokenizer`` opens it, ``quantkit.tokenizer_check`` compares it."""
+
+    @property
+    def bos_token_id(self) -> int | None: ...
+
+    @property
+    def adds_bos(self) -> bool:
+        """Whether the file leads a text with BOS (llama-perplexity and servers follow it)."""
+        ...
+
+    def tokenize(self, data: bytes, special: bool) -> list[int]:
+        """Ids of ``data`` without BOS; ``special``: special-token strings count as those tokens."""
+        ...
+
+    def detokenize(self, ids: list[int]) -> bytes:
+        """The pieces of ``ids`` joined, as the file spells each one."""
+        ...
+
+    def text(self, ids: list[int]) -> bytes:
+        """The text ``ids`` encode, to be cut again: ``detokenize`` without the leading space
+        the tokenizer itself adds to a text (SentencePiece's dummy prefix)."""
+        ...
+
+    def close(self) -> None: ...
+
+
 class Runtime(Protocol):
     """A loaded model. Implementations register in ``quantkit.runtimes.RUNTIMES``."""
 
@@ -161,10 +188,9 @@ class Runtime(Protocol):
 
     @classmethod
     def lm_eval_model(cls, path: Path, settings: RuntimeSettings) -> LmEvalModel:
-        """How lm-eval runs this model: by default through ``RuntimeLM`` over this runtime."""
-        from quantkit.evals.lm_eval_runtime import RuntimeLM
-
-        return RuntimeLM(cls.load(path, settings), settings.context_length), None
+        """How lm-eval runs this model (``quantkit.evals.lm_eval_runtime.RuntimeLM`` serves
+        any runtime that scores)."""
+        ...
 
     @classmethod
     def own_tokenizer(cls, path: Path) -> OwnTokenizer | None:

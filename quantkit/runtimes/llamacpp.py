@@ -8,7 +8,15 @@ from typing import TYPE_CHECKING, ClassVar
 
 from quantkit.device import cpu_threads
 from quantkit.errors import ArtifactError, BackendError
-from quantkit.runtimes.base import DeviceMemory, Generation, Runtime, RuntimeSettings, ScoreRequest, Scores
+from quantkit.runtimes.base import (
+    DeviceMemory,
+    Generation,
+    LmEvalModel,
+    Runtime,
+    RuntimeSettings,
+    ScoreRequest,
+    Scores,
+)
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -153,6 +161,14 @@ class LlamaCppRuntime(Runtime):
 
     def close(self) -> None:
         self.model.close()
+
+    @classmethod
+    def lm_eval_model(cls, path: Path, settings: RuntimeSettings) -> LmEvalModel:
+        """Through ``RuntimeLM`` over this runtime (llama-cpp-python's own lm-eval adapter lacks
+        log-probs of the first position and rolling log-likelihood)."""
+        from quantkit.evals.lm_eval_runtime import RuntimeLM
+
+        return RuntimeLM(cls.load(path, settings), settings.context_length), None
 
     @classmethod
     def own_tokenizer(cls, path: Path) -> LlamaCppVocabulary:

@@ -29,6 +29,7 @@ from pydantic import JsonValue
 
 from quantkit.backends.int_overrides import int_effective_bits
 from quantkit.errors import RecipeError
+from quantkit.search.units import TensorScore, Unit, calibration_of
 
 if TYPE_CHECKING:
     import torch
@@ -37,7 +38,6 @@ if TYPE_CHECKING:
     from quantkit.progress import Reporter
     from quantkit.recipe import Recipe
     from quantkit.runtimes.hf import HFRuntime
-    from quantkit.search.profile import TensorScore, Unit
     from quantkit.stages.context import Tokens
 
 INT_TYPES = ("W8", "W4")
@@ -181,7 +181,6 @@ def int_proxy_scores(bench: IntBench) -> tuple[list[TensorScore], float, list[fl
     import torch
 
     from quantkit.backends import imatrix
-    from quantkit.search.profile import TensorScore, calibration_of
 
     start = time.perf_counter()
     calibration = calibration_of(bench.tokens)

@@ -35,6 +35,16 @@ from typing import TYPE_CHECKING, Literal
 from pydantic import BaseModel, Field, JsonValue
 
 from quantkit.errors import RecipeError
+from quantkit.search.int_format import (
+    INT_TYPES,
+    int_measure,
+    int_others,
+    int_proxy_scores,
+    open_int_bench,
+    symmetric_in,
+    type_bits,
+)
+from quantkit.search.units import CLASSES, EMBEDDING, OUTPUT, TensorScore, Unit, calibration_of, units_of
 
 if TYPE_CHECKING:
     import numpy as np
@@ -45,10 +55,7 @@ if TYPE_CHECKING:
     from quantkit.progress import Reporter
     from quantkit.recipe import Recipe
     from quantkit.stages.context import Tokens
-    from quantkit.tokens import TokenWindows
 
-CLASSES = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
-EMBEDDING, OUTPUT = "token_embd.weight", "output.weight"
 # the types gguf-py quantizes in numpy (32-weight blocks: they fit every row width of SmolLM2-like
 # models), from the most bits to the fewest
 PROXY_TYPES = ("Q8_0", "Q5_1", "Q5_0", "Q4_1", "Q4_0")
@@ -71,23 +78,8 @@ DEFAULT_TYPES: dict[str, tuple[str, str]] = {
 def ladder(format: str, group_size: int | None = None) -> tuple[tuple[str, ...], dict[str, float]]:
     """A format's types from the most bits to the fewest, and each type's bits per weight."""
     if format in INT_FORMATS:
-        from quantkit.search.int_format import INT_TYPES, symmetric_in, type_bits
-
         return INT_TYPES, type_bits(group_size, symmetric_in(format))
     return PROXY_TYPES, BITS
-
-
-class TensorScore(BaseModel):
-    """One quantized tensor: where it sits, its size, and the proxy error of each type."""
-
-    name: str
-    layer: int | None
-    kind: str
-    params: int
-    width: int
-    proxy: dict[str, float] = Field(
-        description="E||dW x||^2 / E||h||^2 per type (calibration tokens; h: the residual stream there)"
-    )
 
 
 class UnitScore(BaseModel):
@@ -133,28 +125,6 @@ class Profile(BaseModel):
         return ladder(self.format, self.group_size)
 
 
-@dataclass(frozen=True)
-class Unit:
-    """A part of the model quantized on its own: a name, its kind, and how to ask llama.cpp."""
-
-    name: str
-    kind: Literal["layer", "class"]
-    members: tuple[str, ...]
-
-    def options(self, base: str, low: str) -> dict[str, object]:
-        """GGUF recipe options that put this unit at ``low`` and the rest at ``base``."""
-        options: dict[str, object] = {"type": base, "outtype": "f16"}
-        if self.name == EMBEDDING:
-            options["token_embedding_type"] = low
-        elif self.name == OUTPUT:
-            options["output_tensor_type"] = low
-        elif self.kind == "layer":
-            options["tensor_types"] = {rf"^blk\.{self.name.split()[-1]}\.": low}
-        else:
-            options["tensor_types"] = {rf"{self.name}\.weight$": low}
-        return options
-
-
 @dataclass
 class Workbench:
     """What every measurement shares: the model, its unquantized GGUF and tokens, the reference."""
@@ -165,21 +135,6 @@ class Workbench:
     device: str
     base_gguf: Path
     reporter: Reporter
-
-
-def units_of(tensors: Sequence[TensorScore]) -> list[Unit]:
-    """Every decoder layer, then every tensor class present, the embedding and an untied output."""
-    layers = sorted({t.layer for t in tensors if t.layer is not None})
-    units = [Unit(f"layer {i}", "layer", tuple(t.name for t in tensors if t.layer == i)) for i in layers]
-    others = sorted({t.kind for t in tensors if t.layer is not None and t.kind not in CLASSES})
-    for kind in (*CLASSES, *others):
-        members = tuple(t.name for t in tensors if t.kind == kind)
-        if members:
-            units.append(Unit(kind, "class", members))
-    for name in (EMBEDDING, OUTPUT):
-        if any(t.name == name for t in tensors):
-            units.append(Unit(name, "class", (name,)))
-    return units
 
 
 def check_types(base: str, low: str, format: str = "gguf") -> None:
@@ -280,14 +235,6 @@ def _stream(residual: Sequence[float], name: str, layer: int | None) -> float:
     index = layer if layer is not None else (0 if name == EMBEDDING else len(residual) - 1)
     value = residual[index] if 0 <= index < len(residual) else 0.0
     return value if value > 0 else 1.0
-
-
-def calibration_of(tokens: Tokens) -> TokenWindows:
-    """The calibration windows the proxy's importance matrix is computed on."""
-    windows = tokens.calibration_windows()
-    if windows is None:
-        raise RecipeError("the proxy needs calibration tokens", "remove 'calibration: null'")
-    return windows
 
 
 def _kind(name: str) -> str | None:
@@ -467,8 +414,6 @@ def _gguf_pieces(request: ProfileRequest, reporter: Reporter) -> _Pieces:
 
 
 def _int_pieces(request: ProfileRequest, reporter: Reporter) -> _Pieces:
-    from quantkit.search.int_format import int_measure, int_others, int_proxy_scores, open_int_bench
-
     bench = open_int_bench(request.recipe, request.trust_remote_code, reporter, request.format)
     try:
         tensors, proxy_s, residual = int_proxy_scores(bench)

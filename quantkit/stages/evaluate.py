@@ -17,9 +17,8 @@ if TYPE_CHECKING:
     from quantkit.evals.deployment import DeploymentScore, OwnWindows
     from quantkit.evals.quality import PositionScores
     from quantkit.evals.reference import Reference
-    from quantkit.runtimes.base import Runtime, RuntimeSettings
+    from quantkit.runtimes.base import OwnTokenizer, Runtime, RuntimeSettings
     from quantkit.stages.context import RunContext
-    from quantkit.tokenizer_check import OwnTokenizer
     from quantkit.tokens import TokenWindows
 
 

@@ -27,7 +27,8 @@ def test_quantize_with_bench_records_speed_and_memory(tiny_recipe: Path, tmp_pat
     for side in ("baseline", "artifact"):
         result = bench[side]
         assert set(result["prefill_tok_s"]) == {"16", "32"} and result["decode_tok_s"] > 0
-        assert result["peak_memory_bytes"] >= 0 and result["load_s"] > 0 and result["memory_kind"] == "rss"
+        assert 0 < result["peak_memory_bytes"] < 2**31 and result["memory_kind"] == "rss"
+        assert result["load_s"] > 0
         assert result["batched_decode_tok_s"] > 0
     quantized = manifest["metrics"]["quantized"]
     for name in ("prefill_tok_s", "decode_tok_s", "ttft_s", "decode_speed_ratio", "memory_ratio"):

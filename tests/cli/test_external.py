@@ -116,7 +116,7 @@ def test_a_run_and_its_artifact_folder_reproduce_the_runs_own_figures(
         assert external["artifact"]["weight_bits"] == own["artifact"]["weight_bits"] == 8.0
     from_run = manifest(as_run)
     assert from_run["artifact"]["details"]["provenance"]["metadata"]["run_id"] == own["run_id"]
-    assert from_run["gate"]["passed"] is True and from_run["recipe"]["gates"]["max_kld"] == 1.0
+    assert from_run["gate"]["passed"] is True and from_run["recipe"]["gates"]["max_kld"] == 0.005
     assert snapshot(run) == before  # its recipe file was not rewritten through a hard link
     code, out, err = run_cli(capsys, "report", run, as_run, as_folder, "--format", "json")
     assert code == 0, err
@@ -126,6 +126,39 @@ def test_a_run_and_its_artifact_folder_reproduce_the_runs_own_figures(
     assert [row["name"] for row in rows] == ["baseline", "tiny-fp8", "as-run", "as-folder"]
     assert [row["method"] for row in rows] == ["none", "fp8", "external", "external"]
     assert [row["quantize_s"] is None for row in rows] == [True, False, True, True]
+
+
+def _shuffled_rows(model: Path, out: Path) -> Path:
+    """A corrupted copy of ``model``: every matrix's rows permuted (seeded)."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    shutil.copytree(model, out)
+    weights = load_file(out / "model.safetensors")
+    generator = torch.Generator().manual_seed(0)
+    for name, tensor in weights.items():
+        if tensor.dim() == 2:
+            weights[name] = tensor[torch.randperm(tensor.shape[0], generator=generator)].contiguous()
+    save_file(weights, out / "model.safetensors", metadata={"format": "pt"})
+    return out
+
+
+def test_a_corrupted_artifact_fails_the_gate_the_real_one_passes(
+    tmp_path: Path, tiny_model: Path, capsys
+) -> None:
+    """Negative control of the tiny recipe's gate: the real FP8 artifact passes max_kld 0.005
+    (test_a_run_and_its_artifact_folder_reproduce_the_runs_own_figures); the tiny model with its
+    matrices' rows shuffled scores KLD ~0.05 (top-1 ~95 %: a random model's logits are flat)
+    and fails it, exit 1."""
+    recipe = write_tiny_recipe(tmp_path, tiny_model)
+    corrupted = _shuffled_rows(tiny_model, tmp_path / "shuffled")
+    out = tmp_path / "bad"
+    code, _, err = run_cli(capsys, "eval", "-b", tiny_model, corrupted, "--out", out, "--recipe", recipe)
+    assert code == 1, err
+    data = manifest(out)
+    assert data["gate"]["passed"] is False
+    assert [(c["metric"], c["passed"]) for c in data["gate"]["checks"]] == [("kld_mean", False)]
+    assert 0.02 < metric(data, "kld_mean") < 0.2  # far above the gate, and not a broken scorer
 
 
 def test_an_external_run_is_gated_like_a_quantized_one(tmp_path: Path, tiny_model: Path, capsys) -> None:

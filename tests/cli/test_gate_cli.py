@@ -26,7 +26,7 @@ def run_cli(capsys: pytest.CaptureFixture[str], *args: Any) -> tuple[int, str, s
 def base_run(
     tmp_path_factory: pytest.TempPathFactory, tiny_model: Path, session_cache: Path
 ) -> Iterator[Path]:
-    """One FP8-dynamic run of the tiny model (its recipe gates: max_kld 1.0)."""
+    """One FP8-dynamic run of the tiny model (its recipe gates: max_kld 0.005)."""
     folder = tmp_path_factory.mktemp("gate-cli")
     recipe = write_tiny_recipe(folder, tiny_model, num_windows=6, batch_size=3)
     with pytest.MonkeyPatch.context() as patch:
@@ -139,7 +139,7 @@ def test_malformed_gate_file(run_a: Path, tmp_path: Path, capsys) -> None:
 
 
 def test_precedence_flags_over_file_over_recipe(run_a: Path, tmp_path: Path, capsys) -> None:
-    # the recipe alone: max_kld 1.0 passes
+    # the recipe alone: max_kld 0.005 passes
     code, out, _ = run_cli(capsys, "gate", run_a, "--format", "json")
     assert code == 0 and _checks(out)["kld_mean"]["source"] == "recipe"
     assert _checks(out)["kld_mean"]["threshold"] == 1.0
@@ -165,7 +165,7 @@ def test_precedence_flags_over_file_over_recipe(run_a: Path, tmp_path: Path, cap
 def test_junit_and_markdown_over_two_runs_one_failing(
     run_a: Path, run_b: Path, tmp_path: Path, capsys
 ) -> None:
-    _edit_manifest(run_b, kld_mean=5.0)  # above the recipe's max_kld 1.0
+    _edit_manifest(run_b, kld_mean=5.0)  # above the recipe's max_kld 0.005
     junit, md = tmp_path / "gate.xml", tmp_path / "gate.md"
     code, out, err = run_cli(
         capsys, "gate", run_a, run_b, "--min-top1", "1%", "--junit", junit, "--markdown", md

@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import require_extra
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -143,7 +144,7 @@ def test_gptqmodel_quantizes_gemma3_and_keeps_its_per_layer_type_rope(tmp_path: 
     ("'str' object has no attribute 'get'"), so GPTQModel failed on every Gemma 3. A two-layer
     random Gemma 3 (one sliding-window layer, one global): the run succeeds and the saved config
     keeps exactly the source's RoPE parameters. ~30 s."""
-    pytest.importorskip("gptqmodel", reason="the gptqmodel extra (make test installs it)")
+    require_extra("gptqmodel", "gptqmodel")
     from quantkit.testing import make_tiny_gemma3
 
     model = make_tiny_gemma3(tmp_path / "tiny-gemma3")

@@ -274,7 +274,7 @@ def test_a_schema_1_run_still_loads_reports_and_gates(tmp_path: Path, capsys) ->
     rows = json.loads((tmp_path / "r.json").read_text())["rows"]
     assert [row["name"] for row in rows] == ["baseline", "tiny-fp8"]
     assert rows[1]["kld_mean"] == pytest.approx(4.0707636e-06) and rows[1]["task_recovery_pct"] == 100.0
-    assert run_cli(capsys, "gate", run)[0] == 0  # its recipe's max_kld 1.0
+    assert run_cli(capsys, "gate", run)[0] == 0  # its recipe's max_kld 0.005
     code, out, _ = run_cli(capsys, "gate", run, "--max-kld", "1e-6", "--format", "json")
     assert code == 1 and json.loads(out)["passed"] is False
     assert json.loads((run / "manifest.json").read_text())["schema_version"] == 1  # read, not rewritten

@@ -89,7 +89,8 @@ def test_search_writes_candidates_a_report_a_profile_and_a_recipe(searched: tupl
     # library output (e.g. the GPTQ candidate's llm-compressor lines) in logs, not on the terminal
     assert (out / "library.log").read_text().startswith("== ")
     candidate_log = out / "sweep" / "runs" / gptq["name"] / "library.log"
-    assert "llmcompressor" in candidate_log.read_text(), candidate_log.read_text()[:2000]
+    logged = candidate_log.read_text()  # llm-compressor's or compressed-tensors' loguru lines
+    assert "llmcompressor" in logged or "compressed_tensors" in logged, logged[:2000]
     html = (out / "report.html").read_text()
     assert "sensitivity profile (gguf)" in html and "sensitivity profile (gptq)" in html and "<svg" in html
     print(json.dumps(record["candidates"], indent=1), record["why"])
@@ -145,11 +146,13 @@ def test_the_proxy_ranks_the_layers_like_the_measured_profile(searched: tuple[Pa
         assert rho is not None and rho >= 0.8, fmt
 
 
-def test_a_decode_search_benches_its_candidates_and_names_the_fastest(
+def test_a_decode_search_benches_its_candidate_and_chooses_by_the_measured_speed(
     session_cache: Path, tmp_path: Path
 ) -> None:
-    """--objective decode: the sweep measures each candidate's decode speed and peak memory in
-    llama.cpp (the bench), and the winner is the fastest that met the budget."""
+    """--objective decode: the sweep measures the candidate's decode speed and peak memory in
+    llama.cpp (the bench), and the record chooses and explains by that measurement. One
+    candidate keeps this affordable; the ranking of several by speed is
+    tests/unit/test_search_logic.py::test_the_winner_is_the_best_at_the_objective_among_those_that_met_the_budget."""
     os.environ["QUANTKIT_CACHE"] = str(session_cache)
     out = tmp_path / "search"
     args = [

@@ -120,7 +120,8 @@ def test_the_next_candidate_stays_inside_the_bracket() -> None:
 def _record_with(tmp_path, objective: str):
     """Three candidates: A met the budget at 5.0 bpw, 40 tok/s, 300 MB; B met it at 5.5 bpw, 55
     tok/s, 320 MB; C did not (the smallest, fastest, leanest)."""
-    from quantkit.search.driver import Budget, Candidate, FormatPath, SearchRecord, SearchRequest
+    from quantkit.search.driver import SearchRequest
+    from quantkit.search.record import Budget, Candidate, FormatPath, SearchRecord
 
     rows = {"A": (5.0, 40.0, 300e6, 0.04), "B": (5.5, 55.0, 320e6, 0.03), "C": (4.6, 70.0, 250e6, 0.2)}
     candidates = []
