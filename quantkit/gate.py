@@ -256,59 +256,58 @@ def evaluate_gate(
         )
     elif spec.require_significance:
         notes.append("significance requested but no per-window scores were given: point values compared")
-    checks: list[Check] = []
-    for name, (metric, kind) in GATE_FIELDS.items():
-        threshold = getattr(spec, name)
-        if threshold is None:
-            continue
-        value = metrics.get(metric)
-        if value is None or (isinstance(value, float) and math.isnan(value)):
-            checks.append(
-                Check(
-                    metric=metric, kind=kind, threshold=float(threshold), value=None, passed=False, field=name
-                )
-            )
-            continue
-        interval = intervals.get(metric)
-        verdict, passed = _judge(
-            kind,
-            float(threshold),
-            float(value),
-            interval,
-            spec.require_significance,
-            spec.strict_inconclusive,
-        )
-        checks.append(
-            Check(
-                metric=metric,
-                kind=kind,
-                threshold=float(threshold),
-                value=float(value),
-                passed=passed,
-                interval=interval,
-                verdict=verdict,
-                field=name,
-            )
-        )
+    checks = [
+        _threshold_check(spec, name, metrics, intervals)
+        for name in GATE_FIELDS
+        if getattr(spec, name) is not None
+    ]
     if any(getattr(spec, name) is not None for name in SERVE_FIELDS):
-        failed = metrics.get("serve_failed_requests")
-        checks.append(
-            Check(
-                metric="serve_failed_requests",
-                kind="max",
-                threshold=0.0,
-                value=None if failed is None else float(failed),
-                passed=failed is not None and failed <= 0,
-                field="serving",
-                source="implied",
-            )
-        )
+        checks.append(_served_without_failures(metrics))
     if plausibility is not None:
         checks += plausibility_checks(plausibility)
     tokenization = tokenization_check(metrics)
     if tokenization is not None:
         checks.append(tokenization)
     return GateResult(checks=checks, significance=significance, notes=notes)
+
+
+def _threshold_check(
+    spec: GateSpec, name: str, metrics: Mapping[str, float | None], intervals: dict[str, list[float]]
+) -> Check:
+    """The check of gate field ``name`` (set in ``spec``) on its metric; a missing value fails."""
+    metric, kind = GATE_FIELDS[name]
+    threshold = float(getattr(spec, name))
+    value = metrics.get(metric)
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return Check(metric=metric, kind=kind, threshold=threshold, value=None, passed=False, field=name)
+    interval = intervals.get(metric)
+    verdict, passed = _judge(
+        kind, threshold, float(value), interval, spec.require_significance, spec.strict_inconclusive
+    )
+    return Check(
+        metric=metric,
+        kind=kind,
+        threshold=threshold,
+        value=float(value),
+        passed=passed,
+        interval=interval,
+        verdict=verdict,
+        field=name,
+    )
+
+
+def _served_without_failures(metrics: Mapping[str, float | None]) -> Check:
+    """Implied by any serving threshold: every request of the load test succeeded."""
+    failed = metrics.get("serve_failed_requests")
+    return Check(
+        metric="serve_failed_requests",
+        kind="max",
+        threshold=0.0,
+        value=None if failed is None else float(failed),
+        passed=failed is not None and failed <= 0,
+        field="serving",
+        source="implied",
+    )
 
 
 # --- inputs: per-window scores, gate files, layered thresholds ---------------------------------

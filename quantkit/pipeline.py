@@ -38,7 +38,7 @@ if TYPE_CHECKING:
     from quantkit.backends.base import Backend, BackendOptions
     from quantkit.gate import GateResult
     from quantkit.journal import Journal
-    from quantkit.manifest import ResumeInfo
+    from quantkit.manifest import Manifest, ResumeInfo
     from quantkit.models import ModelSource
     from quantkit.serving.endpoint import Endpoint
     from quantkit.serving.loadgen import LoadSpec
@@ -114,20 +114,73 @@ def _preflight(request: QuantizeRequest, source: ModelSource, device: str) -> No
     check_quantization_fits(count_parameters(source.path) * (4 if device == "cpu" else 2), device)
 
 
-def _run_quantize(request: QuantizeRequest, reporter: Reporter) -> RunResult:
-    from quantkit.device import resolve_device
-    from quantkit.environment import environment
-    from quantkit.finalize import RunHeader, build_manifest, now, write_run_files
-    from quantkit.manifest import WindowsInfo
-    from quantkit.models import resolve_model
-    from quantkit.stages.runner import StageRunner
+@dataclass
+class _Prepared:
+    """What a quantize run knows before its folder is opened: everything checked."""
 
-    recipe = request.recipe
+    source: ModelSource
+    device: str
+    identity: dict[str, JsonValue]
+    name: str
+    final_dir: Path
+    tokens: Tokens
+    windows: TokenWindows
+    calibration: TokenWindows | None
+    resolve_s: float
+
+
+def _run_quantize(request: QuantizeRequest, reporter: Reporter) -> RunResult:
     total_start = time.perf_counter()
-    backend = recipe.backend()
+    backend = request.recipe.backend()
     backend.check_dependencies()  # a missing engine is refused before the model is resolved
     quiet_libraries(request.verbose)
     LIBRARY_LOG.begin_run()
+    prepared = _prepare(request, backend, reporter)
+    partial = partial_dir(prepared.final_dir)
+    if request.restart and partial.is_dir() and not remove_partial(partial):
+        raise OutputError(
+            f"another quantkit process is writing '{prepared.final_dir}'", "wait for it to finish"
+        )
+    writer = RunWriter(prepared.final_dir, overwrite=request.overwrite)
+    try:
+        fingerprint = _fingerprint(prepared.identity, prepared.source, prepared.calibration, prepared.windows)
+        journal = writer.open_journal(prepared.identity, fingerprint | _inputs_fingerprint(backend))
+    except BaseException:
+        writer.release()  # an earlier run's kept stages are left exactly as they were
+        raise
+    settings = RunSettings(
+        verbose=request.verbose,
+        trust_remote_code=request.trust_remote_code,
+        allow_implausible_baseline=request.allow_implausible_baseline,
+        shared_baseline=request.shared_baseline,
+    )
+    ctx = RunContext(
+        request.recipe, prepared.source, prepared.device, backend, writer, journal, reporter,
+        prepared.tokens, RunResults(), settings,
+    )  # fmt: skip
+    try:
+        manifest = _stages_and_manifest(ctx, request, prepared, total_start)
+        path = writer.commit()
+    except BaseException as err:
+        if journal.holds_work() and not (isinstance(err, QuantkitError) and err.final):
+            writer.release()
+            reporter.log(
+                f"kept the completed stages in {writer.tmp_dir}: run the same command again to resume"
+            )
+        else:
+            writer.abort()
+        raise
+    return RunResult(
+        record=RunRecord(path=path, manifest=manifest), gate=manifest.gate, timings=manifest.timings
+    )
+
+
+def _prepare(request: QuantizeRequest, backend: Backend[BackendOptions], reporter: Reporter) -> _Prepared:
+    """Resolve the model and device, refuse what cannot run, pick the folder, tokenize."""
+    from quantkit.device import resolve_device
+    from quantkit.models import resolve_model
+
+    recipe = request.recipe
     device = resolve_device(request.device or recipe.device)
     model_spec = request.model or recipe.model
     with reporter.stage("resolving the model"):
@@ -158,57 +211,41 @@ def _run_quantize(request: QuantizeRequest, reporter: Reporter) -> RunResult:
             calibration = tokens.calibration_windows()
     _check_gguf_tokenizer(source, tokens)
     backend.check_vocabulary(tokens.tokenizer(), windows.ids.ravel().tolist())
+    return _Prepared(source, device, identity, name, final_dir, tokens, windows, calibration, resolve_s)
 
-    if request.restart and partial_dir(final_dir).is_dir() and not remove_partial(partial_dir(final_dir)):
-        raise OutputError(f"another quantkit process is writing '{final_dir}'", "wait for it to finish")
-    writer = RunWriter(final_dir, overwrite=request.overwrite)
-    try:
-        fingerprint = _fingerprint(identity, source, calibration, windows) | _inputs_fingerprint(backend)
-        journal = writer.open_journal(identity, fingerprint)
-    except BaseException:
-        writer.release()  # an earlier run's kept stages are left exactly as they were
-        raise
-    settings = RunSettings(
-        verbose=request.verbose,
-        trust_remote_code=request.trust_remote_code,
-        allow_implausible_baseline=request.allow_implausible_baseline,
-        shared_baseline=request.shared_baseline,
+
+def _stages_and_manifest(
+    ctx: RunContext, request: QuantizeRequest, prepared: _Prepared, total_start: float
+) -> Manifest:
+    """Run (or resume) every stage, then write the manifest, recipe and reports."""
+    from quantkit.environment import environment
+    from quantkit.finalize import RunHeader, build_manifest, now, write_run_files
+    from quantkit.manifest import WindowsInfo
+    from quantkit.stages.runner import StageRunner
+
+    journal, calibration = ctx.journal, prepared.calibration
+    if journal.stages:
+        ctx.reporter.log(f"resuming {prepared.final_dir.name}: {', '.join(journal.stages)} done before")
+    runner = StageRunner(ctx)
+    for stage in stage_plan(request.recipe, _bench_enabled(request), prepared.device):
+        runner.run(stage)
+    failpoint("before.manifest")
+    header = RunHeader(
+        run_id=prepared.final_dir.name,
+        name=prepared.name,
+        created=now(),
+        calibration=None if calibration is None else WindowsInfo.model_validate(calibration.describe()),
+        eval_windows=WindowsInfo.model_validate(prepared.windows.describe()),
+        environment=environment(prepared.device),
+        resume=_resume_info(journal),
+        timings={
+            "model_resolve_s": prepared.resolve_s,
+            "total_s": round(time.perf_counter() - total_start, 3),
+        },
     )
-    ctx = RunContext(
-        recipe, source, device, backend, writer, journal, reporter, tokens, RunResults(), settings
-    )
-    try:
-        if journal.stages:
-            reporter.log(f"resuming {final_dir.name}: {', '.join(journal.stages)} done before")
-        runner = StageRunner(ctx)
-        for stage in stage_plan(recipe, _bench_enabled(request), device):
-            runner.run(stage)
-        failpoint("before.manifest")
-        header = RunHeader(
-            run_id=final_dir.name,
-            name=name,
-            created=now(),
-            calibration=None if calibration is None else WindowsInfo.model_validate(calibration.describe()),
-            eval_windows=WindowsInfo.model_validate(windows.describe()),
-            environment=environment(device),
-            resume=_resume_info(journal),
-            timings={"model_resolve_s": resolve_s, "total_s": round(time.perf_counter() - total_start, 3)},
-        )
-        manifest = build_manifest(ctx, header)
-        write_run_files(ctx, manifest)
-        path = writer.commit()
-    except BaseException as err:
-        if journal.holds_work() and not (isinstance(err, QuantkitError) and err.final):
-            writer.release()
-            reporter.log(
-                f"kept the completed stages in {writer.tmp_dir}: run the same command again to resume"
-            )
-        else:
-            writer.abort()
-        raise
-    return RunResult(
-        record=RunRecord(path=path, manifest=manifest), gate=manifest.gate, timings=manifest.timings
-    )
+    manifest = build_manifest(ctx, header)
+    write_run_files(ctx, manifest)
+    return manifest
 
 
 def _check_gguf_tokenizer(source: ModelSource, tokens: Tokens) -> None:

@@ -16,6 +16,7 @@ if TYPE_CHECKING:
 
     import torch
     from pydantic import JsonValue
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
     from quantkit.backends.base import QuantizeJob
     from quantkit.tokens import TokenWindows
@@ -214,16 +215,10 @@ def _quantize_and_export(
 
     import torch
     from auto_round import AutoRound
-    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from quantkit.backends.llmcompressor_run import fed_hash
-    from quantkit.device import compute_dtype
 
-    job.log("loading the model for quantization (AutoRound)")
-    model = AutoModelForCausalLM.from_pretrained(
-        job.model_path, dtype=compute_dtype(job.device), trust_remote_code=job.trust_remote_code
-    )
-    tokenizer = AutoTokenizer.from_pretrained(job.model_path, trust_remote_code=job.trust_remote_code)
+    model, tokenizer = _load_for_autoround(job)
     rows = [torch.as_tensor(row, dtype=torch.long).reshape(1, -1) for row in calibration.ids]
     blocks = [name for name, _ in model.named_modules() if re.fullmatch(r"(.+\.)?layers\.\d+", name)]
     recorder = BlockRecorder(job, blocks[:: int(str(options.get("nblocks") or 1))])
@@ -270,6 +265,20 @@ def _quantize_and_export(
         "lr": lr,
         "layer_errors": recorder.rows,
     }
+
+
+def _load_for_autoround(job: QuantizeJob) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """The source model in the device's compute precision, and its tokenizer."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from quantkit.device import compute_dtype
+
+    job.log("loading the model for quantization (AutoRound)")
+    model = AutoModelForCausalLM.from_pretrained(
+        job.model_path, dtype=compute_dtype(job.device), trust_remote_code=job.trust_remote_code
+    )
+    tokenizer = AutoTokenizer.from_pretrained(job.model_path, trust_remote_code=job.trust_remote_code)
+    return model, tokenizer
 
 
 def _move_export(job: QuantizeJob, folders: object, fmt: str, tokenizer: object) -> None:

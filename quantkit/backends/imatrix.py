@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     import numpy as np
     import numpy.typing as npt
     import torch
+    from torch.utils.hooks import RemovableHandle
     from transformers import PreTrainedModel
 
     from quantkit.calibration import TokenWindows
@@ -79,7 +80,7 @@ def collect(
 
     sums: dict[str, Any] = {}
     counts: dict[str, int] = {}
-    hooks = []
+    hooks: list[RemovableHandle] = []
     for module, tensor in names.items():
 
         def hook(_module: torch.nn.Module, inputs: tuple[torch.Tensor, ...], tensor: str = tensor) -> None:
@@ -89,6 +90,35 @@ def collect(
             counts[tensor] = counts.get(tensor, 0) + x.shape[0]
 
         hooks.append(module.register_forward_pre_hook(hook))
+    residual, seen = _residual_norm_hooks(model, hooks)
+    # The output head is hooked only when it is a tensor of its own (untied): otherwise its
+    # logits are not needed, and over a large vocabulary (Gemma's 262k) they would be the
+    # largest allocation and the largest matmul of the pass. Keep the last position's only.
+    keep = {} if model.get_output_embeddings() in names else {"logits_to_keep": 1}
+    try:
+        with torch.inference_mode():
+            for row in windows.ids:
+                ids = torch.as_tensor(row, dtype=torch.long)[None].to(device)
+                model(input_ids=ids, use_cache=False, **keep)
+    finally:
+        for handle in hooks:
+            handle.remove()
+    return ImportanceMatrix(
+        sums={name: value.cpu().numpy().astype(np.float32) for name, value in sums.items()},
+        counts=counts,
+        chunk_size=windows.seq_len,
+        chunks=len(windows.ids),
+        residual=[total / count if count else 0.0 for total, count in zip(residual, seen, strict=True)],
+    )
+
+
+def _residual_norm_hooks(
+    model: PreTrainedModel, hooks: list[RemovableHandle]
+) -> tuple[list[float], list[int]]:
+    """Hooks (added to ``hooks``) summing the residual stream's squared norm (positions after
+    the first) entering each decoder layer and leaving the last; the sums and counts they fill."""
+    import torch
+
     layers = [m for name, m in model.named_modules() if re.fullmatch(r"(.+\.)?layers\.\d+", name)]
     residual = [0.0] * (len(layers) + 1)
     seen = [0] * (len(layers) + 1)
@@ -116,25 +146,7 @@ def collect(
                 )
             )
         )
-    # The output head is hooked only when it is a tensor of its own (untied): otherwise its
-    # logits are not needed, and over a large vocabulary (Gemma's 262k) they would be the
-    # largest allocation and the largest matmul of the pass. Keep the last position's only.
-    keep = {} if model.get_output_embeddings() in names else {"logits_to_keep": 1}
-    try:
-        with torch.inference_mode():
-            for row in windows.ids:
-                ids = torch.as_tensor(row, dtype=torch.long)[None].to(device)
-                model(input_ids=ids, use_cache=False, **keep)
-    finally:
-        for handle in hooks:
-            handle.remove()
-    return ImportanceMatrix(
-        sums={name: value.cpu().numpy().astype(np.float32) for name, value in sums.items()},
-        counts=counts,
-        chunk_size=windows.seq_len,
-        chunks=len(windows.ids),
-        residual=[total / count if count else 0.0 for total, count in zip(residual, seen, strict=True)],
-    )
+    return residual, seen
 
 
 def save(matrix: ImportanceMatrix, path: Path, dataset: str) -> None:

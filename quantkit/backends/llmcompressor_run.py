@@ -56,7 +56,7 @@ def _llmcompressor_hooks(job: QuantizeJob, model: torch.nn.Module) -> Iterator[l
       log line rounds it to two decimals; this keeps the float);
     - AWQ: the modifier's per-mapping ``_error_metrics`` are read when it logs them at
       finalize, just before it clears them.
-    Its loguru output stays off unless ``--verbose``.
+    Its loguru output goes to the run's ``library.log`` (stderr with ``--verbose``).
     """
     import sys
 
@@ -94,24 +94,16 @@ def _llmcompressor_hooks(job: QuantizeJob, model: torch.nn.Module) -> Iterator[l
             )
         log_awq(self)
 
-    logger.remove()  # llm-compressor installs its own console handler on import
-    sink = logger.add(sys.stderr, level="INFO") if job.verbose else None
-    if job.verbose:
-        logger.enable("llmcompressor")
-    else:
-        logger.disable("llmcompressor")
-    try:
-        with (
-            _patched(LifecycleCallbacks, "sequential_epoch_end", classmethod(on_epoch_end)),
-            _patched(CompressionLogger, "set_results", on_results),
-            _patched(AWQModifier, "_log_error_metrics", on_awq_metrics),
-        ):
-            yield errors
-    finally:
-        if sink is not None:
-            logger.remove(sink)
-        logger.disable("llmcompressor")
-        logger.add(sys.stderr, level="WARNING")  # a plain default for the rest of the process
+    if job.verbose:  # its console sink writes to stdout, quantkit's data channel: to stderr
+        logger.remove()
+        logger.add(sys.stderr, level="INFO")
+    # without -v its log goes to the run's library.log (quantkit.library_log configured it)
+    with (
+        _patched(LifecycleCallbacks, "sequential_epoch_end", classmethod(on_epoch_end)),
+        _patched(CompressionLogger, "set_results", on_results),
+        _patched(AWQModifier, "_log_error_metrics", on_awq_metrics),
+    ):
+        yield errors
 
 
 @contextmanager

@@ -11,10 +11,14 @@ import statistics
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from quantkit.device import cpu_threads
 from quantkit.evals.perf import WorkerSettings
 from quantkit.manifest import BenchSide
+
+if TYPE_CHECKING:
+    from quantkit.runtimes.base import DeviceMemory, Runtime
 
 
 def _rss() -> int:
@@ -48,6 +52,39 @@ def _prompt(vocab: int, length: int, row: int = 0) -> list[int]:
     return [low + (7919 * (i + 31 * row)) % (vocab - low - 1) for i in range(length)]
 
 
+def _single_prompt_timings(
+    model: Runtime, lengths: list[int], new_tokens: int, repeats: int
+) -> tuple[dict[str, float], dict[str, float], float]:
+    """Prefill tokens/s and time to first token per prompt length, and decode tokens/s (the
+    median over lengths of each length's median over repeats)."""
+    prefill: dict[str, float] = {}
+    ttft: dict[str, float] = {}
+    decode: list[float] = []
+    for length in lengths:
+        firsts, decodes = [], []
+        for _ in range(repeats):
+            timing = model.generate([_prompt(model.vocab_size, length)], new_tokens)
+            firsts.append(timing.first_token_s)
+            decodes.append((new_tokens - 1) / max(timing.total_s - timing.first_token_s, 1e-9))
+        ttft[str(length)] = statistics.median(firsts)
+        prefill[str(length)] = length / statistics.median(firsts)
+        decode.append(statistics.median(decodes))
+    return prefill, ttft, statistics.median(decode)
+
+
+def _batched_decode(model: Runtime, length: int, new_tokens: int, repeats: int, batch: int) -> float | None:
+    """Decode tokens/s summed over ``batch`` prompts at once (None: batch 1, or a runtime that
+    generates one prompt at a time)."""
+    if batch <= 1 or not type(model).batched_generation:
+        return None
+    totals = []
+    for _ in range(repeats):
+        prompts = [_prompt(model.vocab_size, length, row) for row in range(batch)]
+        timing = model.generate(prompts, new_tokens)
+        totals.append(batch * (new_tokens - 1) / max(timing.total_s - timing.first_token_s, 1e-9))
+    return statistics.median(totals)
+
+
 def measure(settings: WorkerSettings) -> BenchSide:
     """Load the model, warm up, and time prefill/decode (medians of repeats)."""
     from quantkit.runtimes import runtime_class
@@ -78,34 +115,16 @@ def measure(settings: WorkerSettings) -> BenchSide:
     model.generate([_prompt(model.vocab_size, 16)], 4)  # warm-up; also pages in mmap-loaded weights
     loaded = _rss()
     on_device = model.device_memory()  # the weights, when they live on an accelerator
-    prefill: dict[str, float] = {}
-    ttft: dict[str, float] = {}
-    decode: list[float] = []
-    for length in lengths:
-        firsts, decodes = [], []
-        for _ in range(repeats):
-            timing = model.generate([_prompt(model.vocab_size, length)], new_tokens)
-            firsts.append(timing.first_token_s)
-            decodes.append((new_tokens - 1) / max(timing.total_s - timing.first_token_s, 1e-9))
-        ttft[str(length)] = statistics.median(firsts)
-        prefill[str(length)] = length / statistics.median(firsts)
-        decode.append(statistics.median(decodes))
-    batched: float | None = None
+    prefill, ttft, decode = _single_prompt_timings(model, lengths, new_tokens, repeats)
     batch = settings.batch_size
-    if batch > 1 and runtime_cls.batched_generation:
-        totals = []
-        for _ in range(repeats):
-            prompts = [_prompt(model.vocab_size, lengths[0], row) for row in range(batch)]
-            timing = model.generate(prompts, new_tokens)
-            totals.append(batch * (new_tokens - 1) / max(timing.total_s - timing.first_token_s, 1e-9))
-        batched = statistics.median(totals)
+    batched = _batched_decode(model, lengths[0], new_tokens, repeats, batch)
     result = BenchSide(
         runtime=settings.runtime,
         path=settings.path,
         load_s=load_s,
         prefill_tok_s=prefill,
         ttft_s=ttft,
-        decode_tok_s=statistics.median(decode),
+        decode_tok_s=decode,
         rss_before_load_bytes=before,
         weights_memory_bytes=max(loaded - before, 0),
         peak_memory_bytes=max(_peak_rss() - before, 0),
@@ -114,19 +133,27 @@ def measure(settings: WorkerSettings) -> BenchSide:
         batched_decode_tok_s=batched,
         batch_size=batch if batched is not None else None,
     )
-    gpu = model.device_memory()
-    if gpu is not None and on_device is not None:
-        result = result.model_copy(
-            update={
-                "memory_kind": "cuda",
-                "weights_memory_bytes": on_device.allocated_bytes,
-                "peak_memory_bytes": gpu.peak_allocated_bytes,
-                "peak_allocated_bytes": gpu.peak_allocated_bytes,
-                "peak_reserved_bytes": gpu.peak_reserved_bytes,
-            }
-        )
+    result = _with_device_memory(result, on_device, model.device_memory())
     model.close()
     return result
+
+
+def _with_device_memory(
+    result: BenchSide, weights: DeviceMemory | None, peak: DeviceMemory | None
+) -> BenchSide:
+    """On an accelerator, its memory (weights after loading, peak after the timings) replaces
+    the process's RSS."""
+    if weights is None or peak is None:
+        return result
+    return result.model_copy(
+        update={
+            "memory_kind": "cuda",
+            "weights_memory_bytes": weights.allocated_bytes,
+            "peak_memory_bytes": peak.peak_allocated_bytes,
+            "peak_allocated_bytes": peak.peak_allocated_bytes,
+            "peak_reserved_bytes": peak.peak_reserved_bytes,
+        }
+    )
 
 
 def main() -> None:

@@ -178,9 +178,53 @@ def _run(
     start: float,
 ) -> SweepResult:
     from quantkit.finalize import now
+    from quantkit.sweep.record import write_manifest
+
+    manifest, bench = _baselines(request, planned, folder, executor, view)
+    tasks = _tasks(request, manifest.runs, bench, folder, executor.threads())
+    (folder / "runs").mkdir(exist_ok=True)
+    write_manifest(folder, manifest)
+    view.start(manifest.runs, executor.describe())
+    by_id = {run.run_id: run for run in manifest.runs}
+
+    def done(outcome: RunOutcome) -> None:
+        run = by_id[outcome.run_id]
+        run.state, run.exit_code, run.path = outcome.state, outcome.exit_code, outcome.path
+        run.error, run.hint, run.kld, run.gate_passed = (
+            outcome.error,
+            outcome.hint,
+            outcome.kld,
+            outcome.gate_passed,
+        )
+        run.host, run.node, run.seconds = outcome.host, outcome.node, outcome.seconds
+        manifest.updated = now()
+        write_manifest(folder, manifest)
+        view.finished(run)
+
+    fan_out = time.perf_counter()
+    with _polling(folder / "status", [task.run_id for task in tasks], view):
+        try:
+            executor.run(tasks, done)
+        finally:
+            view.close()
+    manifest.timings["runs_s"] = round(time.perf_counter() - fan_out, 3)
+    manifest.timings["total_s"] = round(time.perf_counter() - start, 3)
+    manifest.updated = now()
+    write_manifest(folder, manifest)
+    result = SweepResult(folder, manifest, _records(folder, manifest))
+    write_reports(result)
+    return result
+
+
+def _baselines(
+    request: SweepRequest, planned: list[PlannedRun], folder: Path, executor: Executor, view: SweepView
+) -> tuple[SweepManifest, list[bool]]:
+    """The baselines' references and bench sides, made once; the sweep's manifest for them
+    (a changed spec is refused against the folder's earlier manifest); each run's bench flag."""
+    from quantkit.finalize import now
     from quantkit.paths import cache_dir
     from quantkit.sweep.baseline import BaselineJob
-    from quantkit.sweep.record import read_manifest, verified_run, write_manifest
+    from quantkit.sweep.record import read_manifest
 
     old = read_manifest(folder)
     job = BaselineJob(
@@ -209,10 +253,20 @@ def _run(
         baselines=outcome.baselines,
     )
     manifest.timings["baseline_s"] = round(time.perf_counter() - baseline_start, 3)
+    return manifest, outcome.bench
+
+
+def _tasks(
+    request: SweepRequest, runs: list[SweepRun], bench: list[bool], folder: Path, threads: int | None
+) -> list[RunTask]:
+    """A task for every run not already finished and verified in the folder (those are kept)."""
+    from quantkit.paths import cache_dir
+    from quantkit.sweep.record import verified_run
+
     tasks: list[RunTask] = []
     status_dir = folder / "status"
     status_dir.mkdir(exist_ok=True)
-    for run, bench in zip(runs, outcome.bench, strict=True):
+    for run, benched in zip(runs, bench, strict=True):
         run_dir = folder / "runs" / run.run_id
         if verified_run(run_dir):
             _keep(run, run_dir)
@@ -229,47 +283,16 @@ def _run(
                 status_path=str(status_dir / f"{run.run_id}.json"),
                 shared_baseline=str(folder / "baseline"),
                 reference_key=run.reference_key,
-                bench=bench,
+                bench=benched,
                 overwrite=run_dir.exists(),  # not verified: damaged, redone in its place
                 cache_dir=str(cache_dir()),
-                threads=executor.threads(),
+                threads=threads,
                 verbose=request.verbose,
                 trust_remote_code=request.trust_remote_code,
                 allow_implausible_baseline=request.allow_implausible_baseline,
             )
         )
-    (folder / "runs").mkdir(exist_ok=True)
-    write_manifest(folder, manifest)
-    view.start(runs, executor.describe())
-    by_id = {run.run_id: run for run in runs}
-
-    def done(outcome: RunOutcome) -> None:
-        run = by_id[outcome.run_id]
-        run.state, run.exit_code, run.path = outcome.state, outcome.exit_code, outcome.path
-        run.error, run.hint, run.kld, run.gate_passed = (
-            outcome.error,
-            outcome.hint,
-            outcome.kld,
-            outcome.gate_passed,
-        )
-        run.host, run.node, run.seconds = outcome.host, outcome.node, outcome.seconds
-        manifest.updated = now()
-        write_manifest(folder, manifest)
-        view.finished(run)
-
-    fan_out = time.perf_counter()
-    with _polling(status_dir, [task.run_id for task in tasks], view):
-        try:
-            executor.run(tasks, done)
-        finally:
-            view.close()
-    manifest.timings["runs_s"] = round(time.perf_counter() - fan_out, 3)
-    manifest.timings["total_s"] = round(time.perf_counter() - start, 3)
-    manifest.updated = now()
-    write_manifest(folder, manifest)
-    result = SweepResult(folder, manifest, _records(folder, manifest))
-    write_reports(result)
-    return result
+    return tasks
 
 
 def _entry(planned: PlannedRun, reference_key: str) -> SweepRun:

@@ -142,7 +142,7 @@ def test_precedence_flags_over_file_over_recipe(run_a: Path, tmp_path: Path, cap
     # the recipe alone: max_kld 0.005 passes
     code, out, _ = run_cli(capsys, "gate", run_a, "--format", "json")
     assert code == 0 and _checks(out)["kld_mean"]["source"] == "recipe"
-    assert _checks(out)["kld_mean"]["threshold"] == 1.0
+    assert _checks(out)["kld_mean"]["threshold"] == 0.005
     # the gate file overrides the recipe's max_kld and adds a threshold
     gates = _gate_file(tmp_path, "max_kld: 1.0e-12\nmin_top1_pct: 10\n")
     code, out, _ = run_cli(capsys, "gate", run_a, "--gate-file", gates, "--format", "json")
@@ -184,13 +184,13 @@ def test_junit_and_markdown_over_two_runs_one_failing(
     failures = [case for case in suites[1].findall("testcase") if case.find("failure") is not None]
     assert [case.get("name") for case in failures] == ["kld_mean"]
     message = failures[0].find("failure").get("message")  # type: ignore[union-attr]
-    assert "kld_mean = 5" in message and "<= 1" in message
+    assert "kld_mean = 5" in message and "<= 0.005" in message
 
     text = md.read_text(encoding="utf-8")
     assert text.startswith("## quantkit gate: failed")
     rows = [line for line in text.splitlines() if line.startswith("| `")]
     assert len(rows) == 4
-    assert any(f"`{run_b}` | `kld_mean` | 5 nats | ≤ 1 nats |" in row and "FAIL" in row for row in rows)
+    assert any(f"`{run_b}` | `kld_mean` | 5 nats | ≤ 0.005 nats |" in row and "FAIL" in row for row in rows)
     assert not list(tmp_path.glob(".gate.*.tmp"))  # written atomically, nothing left behind
 
     code, out, _ = run_cli(capsys, "gate", run_a, run_b, "--format", "json")

@@ -13,6 +13,7 @@ ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "quantkit"
 SOURCES = sorted(PACKAGE.rglob("*.py"))
 MAX_PARAMS = 6
+MAX_LINES = 60  # per function, outside cli/ (Typer commands list their options)
 
 
 def _tree(path: Path) -> ast.Module:
@@ -65,6 +66,30 @@ def test_the_shape_check_sees_a_long_signature(tmp_path: Path) -> None:
     node = ast.parse("def f(self, a, b, c, *, d, e, f, g=1): pass").body[0]
     assert isinstance(node, ast.FunctionDef)
     assert len(_params(node)) == 7
+
+
+def _long_functions(tree: ast.Module) -> list[tuple[str, int, int]]:
+    return [
+        (node.name, node.lineno, (node.end_lineno or node.lineno) - node.lineno + 1)
+        for node in ast.walk(tree)
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+        and (node.end_lineno or node.lineno) - node.lineno + 1 > MAX_LINES
+    ]
+
+
+def test_no_function_outside_the_cli_is_longer_than_sixty_lines() -> None:
+    offenders = [
+        f"{path.relative_to(ROOT)}:{line} {name} ({length} lines)"
+        for path in SOURCES
+        if "cli" not in path.relative_to(PACKAGE).parts
+        for name, line, length in _long_functions(_tree(path))
+    ]
+    assert offenders == []
+
+
+def test_the_length_check_sees_a_long_function() -> None:
+    body = "\n".join(f"    x{i} = {i}" for i in range(MAX_LINES))
+    assert _long_functions(ast.parse(f"def f():\n{body}\n")) == [("f", 1, MAX_LINES + 1)]
 
 
 def _annotations(node: ast.FunctionDef | ast.AsyncFunctionDef) -> list[ast.expr]:
