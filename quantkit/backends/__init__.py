@@ -22,6 +22,7 @@ BACKENDS: Registry[type[Backend[BackendOptions]]] = Registry(
         "rtn": "quantkit.backends.rtn:RTNBackend",
     },
     RecipeError,
+    group="quantkit.backends",
 )
 
 

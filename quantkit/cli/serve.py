@@ -44,9 +44,7 @@ def serve(
 
     from quantkit.serving.server import SERVERS, ServeSettings
 
-    if server_kind not in SERVERS:
-        raise UserInputError(f"unknown server '{server_kind}'", f"choose one of: {', '.join(SERVERS)}")
-    server_class = SERVERS[server_kind]
+    server_class = SERVERS.get(server_kind)
     server_class.check(parallel)
     gguf, alias = _target(target, baseline)
     server = server_class(ServeSettings(gguf, name or alias, host, port, context_length, threads, parallel))

@@ -22,6 +22,7 @@ RUNTIMES: Registry[RuntimeClass] = Registry(
         "llamacpp": "quantkit.runtimes.llamacpp:LlamaCppRuntime",
     },
     UserInputError,
+    group="quantkit.runtimes",
 )
 
 

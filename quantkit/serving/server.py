@@ -28,6 +28,7 @@ from types import TracebackType
 from typing import ClassVar
 
 from quantkit.errors import MissingDependencyError, UserInputError
+from quantkit.registry import Registry
 
 SERVER_EXTRA = "pip install 'quantkit[serve]' (llama-cpp-python's server and the openai client)"
 LLAMA_SERVER_HINT = (
@@ -227,7 +228,12 @@ class LlamaCppServer(ManagedServer):
         return command
 
 
-SERVERS: dict[str, type[ManagedServer]] = {
-    "llama-cpp-python": LlamaCppPythonServer,
-    "llama-server": LlamaCppServer,
-}
+SERVERS: Registry[type[ManagedServer]] = Registry(
+    "server",
+    {
+        "llama-cpp-python": "quantkit.serving.server:LlamaCppPythonServer",
+        "llama-server": "quantkit.serving.server:LlamaCppServer",
+    },
+    UserInputError,
+    group="quantkit.servers",
+)

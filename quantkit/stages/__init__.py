@@ -27,4 +27,5 @@ STAGES: Registry[StageClass] = Registry(
         "serve_eval": "quantkit.stages.serve_eval:ServeEvalStage",
     },
     UserInputError,
+    group="quantkit.stages",
 )

@@ -14,4 +14,5 @@ EXECUTORS: Registry[type[Executor]] = Registry(
         "ray": "quantkit.sweep.executors.ray:RayExecutor",
     },
     UserInputError,
+    group="quantkit.executors",
 )

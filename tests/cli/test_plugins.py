@@ -1,0 +1,104 @@
+"""Plug-ins by entry points (#35): a package installed beside quantkit adds a backend and a
+runtime through the ``quantkit.backends`` and ``quantkit.runtimes`` entry-point groups, without
+editing quantkit, and every process sees them: the run, and the bench's worker subprocess that
+loads the artifact in the plug-in's runtime."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from conftest import write_tiny_recipe
+
+PLUGIN = '''
+"""A plug-in: FP8 through llm-compressor, scored and benchmarked in its own runtime."""
+
+from typing import ClassVar
+
+from quantkit.backends.fp8 import FP8Backend
+from quantkit.runtimes.hf import HFRuntime
+
+
+class PluginRuntime(HFRuntime):
+    name: ClassVar[str] = "transformers (plug-in)"
+
+
+class PluginFP8Backend(FP8Backend):
+    name = "plugin-fp8"
+    summary = "FP8 whose artifact runs in the plug-in's runtime"
+    runtime = "plugin-hf"
+'''
+ENTRY_POINTS = """
+[quantkit.backends]
+plugin-fp8 = quantkit_plugin_demo:PluginFP8Backend
+
+[quantkit.runtimes]
+plugin-hf = quantkit_plugin_demo:PluginRuntime
+"""
+BENCH = ["--set", "bench.prompt_lengths=[16]", "--set", "bench.decode_tokens=4", "--set", "bench.repeats=1",
+         "--set", "bench.batch_size=1"]  # fmt: skip
+
+
+def install_plugin(site: Path) -> Path:
+    """The plug-in as pip lays out an installed distribution: its module and its dist-info."""
+    (site / "quantkit_plugin_demo.py").parent.mkdir(parents=True, exist_ok=True)
+    (site / "quantkit_plugin_demo.py").write_text(PLUGIN)
+    info = site / "quantkit_plugin_demo-0.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: quantkit-plugin-demo\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text(ENTRY_POINTS)
+    return site
+
+
+def quantkit(*args: object, site: Path | None, cache: Path) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "QUANTKIT_CACHE": str(cache)}
+    if site is not None:
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(site), env.get("PYTHONPATH")]))
+    command = [sys.executable, "-m", "quantkit", *map(str, args)]
+    return subprocess.run(command, capture_output=True, text=True, env=env, timeout=600)
+
+
+def test_an_installed_plugin_backend_and_runtime_run_and_bench_end_to_end(
+    tmp_path: Path, tiny_model: Path, session_cache: Path
+) -> None:
+    site = install_plugin(tmp_path / "site")
+    recipe = write_tiny_recipe(tmp_path, tiny_model)
+    recipe.write_text(recipe.read_text().replace("method: fp8", "method: plugin-fp8"))
+    listed = quantkit("backends", "list", "--format", "json", site=site, cache=session_cache)
+    assert listed.returncode == 0 and "plugin-fp8" in listed.stdout, listed.stderr
+    out = tmp_path / "run"
+    done = quantkit("quantize", recipe, "--out", out, "--bench", *BENCH, site=site, cache=session_cache)
+    assert done.returncode == 0, done.stderr[-3000:]
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["recipe"]["method"] == "plugin-fp8"
+    assert manifest["artifact"]["runtime"] == manifest["eval"]["runtime"] == "plugin-hf"
+    # measured in the bench's worker subprocess, which found the runtime through the entry point
+    assert manifest["bench"]["artifact"]["runtime"] == "plugin-hf"
+    assert manifest["bench"]["artifact"]["decode_tok_s"] > 0
+    assert 1e-6 < manifest["metrics"]["quantized"]["kld_mean"]["value"] < 0.005  # FP8, as the built-in
+    # negative control: without the package the method does not exist (exit 2, before any work)
+    missing = quantkit("quantize", recipe, "--out", tmp_path / "none", site=None, cache=session_cache)
+    assert missing.returncode == 2 and "unknown method 'plugin-fp8'" in missing.stderr, missing.stderr
+    assert not (tmp_path / "none").exists()
+
+
+def test_a_plugin_that_cannot_be_imported_is_one_error_naming_its_package(
+    tmp_path: Path, tiny_model: Path, session_cache: Path
+) -> None:
+    site = install_plugin(tmp_path / "site")
+    (site / "quantkit_plugin_demo.py").write_text("raise ImportError('needs a library it lacks')\n")
+    recipe = write_tiny_recipe(tmp_path, tiny_model)
+    recipe.write_text(recipe.read_text().replace("method: fp8", "method: plugin-fp8"))
+    broken = quantkit("quantize", recipe, "--out", tmp_path / "run", site=site, cache=session_cache)
+    assert broken.returncode == 2, broken.stderr
+    assert (
+        "the method 'plugin-fp8' from quantkit-plugin-demo (quantkit_plugin_demo:PluginFP8Backend)"
+        in broken.stderr
+    )
+    assert (
+        "needs a library it lacks" in broken.stderr
+        and "hint: reinstall quantkit-plugin-demo" in broken.stderr
+    )
