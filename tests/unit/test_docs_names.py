@@ -67,8 +67,20 @@ def _data_keys() -> set[str]:
     return set(Recipe.model_fields) | set(Manifest.model_fields)
 
 
+def _entry_point_groups() -> set[str]:
+    """The registries' entry-point groups (``quantkit.servers`` names a group, not a module)."""
+    from quantkit.backends import BACKENDS
+    from quantkit.runtimes import RUNTIMES
+    from quantkit.serving.server import SERVERS
+    from quantkit.stages import STAGES
+    from quantkit.sweep.executors import EXECUTORS
+
+    registries = (BACKENDS, RUNTIMES, STAGES, EXECUTORS, SERVERS)
+    return {registry.group for registry in registries if registry.group}
+
+
 def _missing(doc: Path) -> list[str]:
-    commands, data_keys = _commands(), _data_keys()
+    commands, data_keys, groups = _commands(), _data_keys(), _entry_point_groups()
     missing = []
     for token in (token.strip() for token in _ticked(doc)):
         if token.startswith(_PATH_ROOTS) and not re.search(r"[<>*{}\s]|NAME|\.\.\.", token):
@@ -82,7 +94,7 @@ def _missing(doc: Path) -> list[str]:
         elif _DOTTED.match(token) and not _FILE_SUFFIX.search(token):
             first = token.split(".")[0]
             known = first == "quantkit" or (first in MODULES and first not in data_keys)
-            if known and not _resolves(token):
+            if known and token not in groups and not _resolves(token):
                 missing.append(f"name {token}")
     return missing
 
