@@ -164,14 +164,13 @@ def _lm_eval_spec(
 
 def _load_runs(runs: list[Path]) -> list[RunRecord]:
     """The finished runs; a damaged one (or a damaged GGUF in one) is refused before any task."""
+    from quantkit.runtimes import runtime_class
     from quantkit.store import load_run
 
     records = [load_run(path) for path in runs]
     for record in records:
-        if record.manifest.artifact.runtime == "llamacpp":
-            from quantkit.runtimes.llamacpp import check_gguf, gguf_file
-
-            check_gguf(gguf_file(record.path / record.manifest.artifact.path))
+        artifact = record.manifest.artifact
+        runtime_class(artifact.runtime).check_artifact(record.path / artifact.path)
     return records
 
 

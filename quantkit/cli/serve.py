@@ -46,7 +46,7 @@ def serve(
 
     server_class = SERVERS.get(server_kind)
     server_class.check(parallel)
-    gguf, alias = _target(target, baseline)
+    gguf, alias = _target(target, baseline, server_class.runtime)
     server = server_class(ServeSettings(gguf, name or alias, host, port, context_length, threads, parallel))
     # `kill` stops the server too, as Ctrl-C does; SIGINT too when the shell that started this in
     # the background (`quantkit serve ... &` in a script) set it to be ignored
@@ -74,8 +74,9 @@ def serve(
     raise UserInputError(f"the server exited with code {code}", f"its log is {server.log_path}")
 
 
-def _target(target: Path, baseline: bool) -> tuple[Path, str]:
-    """The GGUF file to serve and the model name to serve it as."""
+def _target(target: Path, baseline: bool, runtime: str) -> tuple[Path, str]:
+    """The GGUF file to serve and the model name to serve it as (a run's artifact must be one
+    of ``runtime``, the server's)."""
     from quantkit.runtimes.llamacpp import check_gguf, gguf_file
 
     if target.is_file():
@@ -94,7 +95,7 @@ def _target(target: Path, baseline: bool) -> tuple[Path, str]:
     if baseline:
         return _baseline_gguf(Path(manifest.model.path)), f"{manifest.display_name}-baseline"
     artifact = record.path / manifest.artifact.path
-    if manifest.artifact.runtime != "llamacpp":
+    if manifest.artifact.runtime != runtime:
         raise UserInputError(
             f"run '{record.name}' is a {manifest.artifact.format} artifact, not a GGUF "
             "(quantkit serve starts llama.cpp)",

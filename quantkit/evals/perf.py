@@ -133,10 +133,9 @@ def measure(
     """Bench the baseline (transformers), the artifact (its runtime) and, when given, the
     unquantized model in the artifact's runtime; each in its own process. With ``shared``
     (a sweep), the unquantized sides are measured once and reused by every run."""
-    if artifact.runtime == "llamacpp":
-        from quantkit.runtimes.llamacpp import check_gguf, gguf_file
+    from quantkit.runtimes import runtime_class
 
-        check_gguf(gguf_file(artifact.path))  # a damaged file is the user's to fix, before any process starts
+    runtime_class(artifact.runtime).check_artifact(artifact.path)  # before any process starts
     reused: list[str] = []
 
     def unquantized(target: BenchTarget, role: str) -> BenchSide:

@@ -193,6 +193,12 @@ class Runtime(Protocol):
         ...
 
     @classmethod
+    def check_artifact(cls, path: Path) -> None:
+        """Refuse an artifact at ``path`` this runtime would fail on mid-way (a truncated
+        file), before any work; nothing by default (transformers reports its own errors)."""
+        return None
+
+    @classmethod
     def own_tokenizer(cls, path: Path) -> OwnTokenizer | None:
         """The tokenizer the file at ``path`` carries and its users cut text with, when it is
         its own (a GGUF's vocabulary); None when the runtime reads the baseline's tokenizer

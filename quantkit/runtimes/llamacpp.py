@@ -171,6 +171,11 @@ class LlamaCppRuntime(Runtime):
         return RuntimeLM(cls.load(path, settings), settings.context_length), None
 
     @classmethod
+    def check_artifact(cls, path: Path) -> None:
+        """A whole GGUF (``check_gguf``): a damaged file is the user's to fix."""
+        check_gguf(gguf_file(path))
+
+    @classmethod
     def own_tokenizer(cls, path: Path) -> LlamaCppVocabulary:
         """The GGUF's own vocabulary (``tokenizer.ggml.*``), loaded without its weights."""
         return LlamaCppVocabulary.load(gguf_file(path))

@@ -70,6 +70,7 @@ class ManagedServer:
     """A server process on ``settings.gguf`` at ``http://host:port/v1``; subclasses say how to start it."""
 
     label: ClassVar[str] = "server"
+    runtime: ClassVar[str] = "llamacpp"  # the runtime whose artifacts it serves (GGUFs)
 
     def __init__(self, settings: ServeSettings) -> None:
         self.settings = settings
