@@ -189,14 +189,7 @@ def _run(
 
     def done(outcome: RunOutcome) -> None:
         run = by_id[outcome.run_id]
-        run.state, run.exit_code, run.path = outcome.state, outcome.exit_code, outcome.path
-        run.error, run.hint, run.kld, run.gate_passed = (
-            outcome.error,
-            outcome.hint,
-            outcome.kld,
-            outcome.gate_passed,
-        )
-        run.host, run.node, run.seconds = outcome.host, outcome.node, outcome.seconds
+        run.take(outcome)
         manifest.updated = now()
         write_manifest(folder, manifest)
         view.finished(run)

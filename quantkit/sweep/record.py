@@ -7,7 +7,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, JsonValue
 
-from quantkit.sweep.task import RunState
+from quantkit.sweep.task import RunOutcome, RunState
 
 SWEEP_MANIFEST = "sweep.json"
 SWEEP_SCHEMA = 1
@@ -57,6 +57,15 @@ class SweepRun(Record):
     node: str = ""  # the Ray node it ran on
     seconds: float | None = None
     kept: bool = False  # finished in an earlier invocation and verified, not run again
+
+    def take(self, outcome: RunOutcome) -> None:
+        """How the run ended, as its worker reported it."""
+        for name in _OUTCOME_FIELDS:
+            setattr(self, name, getattr(outcome, name))
+
+
+# what a worker's outcome says that the sweep's record keeps (the rest is the worker's own)
+_OUTCOME_FIELDS = sorted((set(RunOutcome.model_fields) & set(SweepRun.model_fields)) - {"run_id"})
 
 
 class SweepManifest(Record):
