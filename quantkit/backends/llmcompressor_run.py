@@ -35,9 +35,27 @@ def _calibration_dataset(windows: TokenWindows) -> Dataset:
     return Dataset.from_dict({"input_ids": ids, "attention_mask": [[1] * len(r) for r in ids]})
 
 
+# llm-compressor has no public hook for per-layer progress and per-module losses; the three
+# methods _llmcompressor_hooks wraps are those of these releases (pyproject pins 0.14.0.1)
+PATCHED_FOR = "0.14"
+
+
 @contextmanager
 def _patched(owner: type, attribute: str, replacement: object) -> Iterator[None]:
-    """Set a class attribute for the duration (restored exactly, also as a classmethod)."""
+    """Set a class attribute for the duration (restored exactly, also as a classmethod); an
+    llm-compressor these patches were not written for is refused, not silently mis-patched."""
+    from importlib import metadata
+
+    version = metadata.version("llmcompressor")
+    if (
+        not (version == PATCHED_FOR or version.startswith(PATCHED_FOR + "."))
+        or attribute not in owner.__dict__
+    ):
+        raise BackendError(
+            f"llm-compressor {version} is not the {PATCHED_FOR}.x quantkit's per-layer progress and "
+            f"loss recording wrap ({owner.__name__}.{attribute})",
+            "pip install 'llmcompressor==0.14.0.1' (quantkit's pin)",
+        )
     original = owner.__dict__[attribute]
     setattr(owner, attribute, replacement)
     try:
