@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from conftest import E2E_BUDGET, SharedRuns
 
 from quantkit.cli import main
 
@@ -18,9 +20,11 @@ BUDGET = ["--set", "eval.num_windows=8", "--set", "eval.seq_len=256", "--device"
 
 
 @pytest.fixture(scope="module")
-def fp8_run(smollm2: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("e2e") / "fp8-dynamic"
-    assert main(["quantize", "fp8-dynamic", "--out", str(out), *BUDGET]) == 0
+def fp8_run(smollm2: Path, shared_runs: SharedRuns) -> Path:
+    """The session's FP8-dynamic run on E2E_BUDGET (test_weight_only_smollm2.py reads it too);
+    read-only: a test that updates it works on a copy."""
+    out, code = shared_runs.quantize("fp8-dynamic", *E2E_BUDGET)
+    assert code == 0
     return out
 
 
@@ -142,8 +146,10 @@ def test_embedded_source_is_never_written(fp8_run: Path, smollm2: Path) -> None:
     )
 
 
-def test_lm_eval_task_recovery_for_an_hf_format(fp8_run: Path, capsys) -> None:
-    assert main(["eval", str(fp8_run), "--tasks", "quantkit_cloze", "--limit", "40", "--format", "json"]) == 0
+def test_lm_eval_task_recovery_for_an_hf_format(fp8_run: Path, tmp_path: Path, capsys) -> None:
+    run = tmp_path / "fp8-dynamic"
+    shutil.copytree(fp8_run, run)  # eval RUN updates the run: not the shared one
+    assert main(["eval", str(run), "--tasks", "quantkit_cloze", "--limit", "40", "--format", "json"]) == 0
     result = json.loads(capsys.readouterr().out)[0]
     assert result["baseline"]["quantkit_cloze"]["value"] > 0.5
     recovered = result["recovery_pct"]["quantkit_cloze"]
