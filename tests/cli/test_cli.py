@@ -1,11 +1,13 @@
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from conftest import write_tiny_recipe
 
 from quantkit.cli import main
 from quantkit.models import fingerprint
@@ -34,11 +36,19 @@ def test_version(capsys) -> None:
     assert code == 0 and out.startswith("quantkit ")
 
 
+@pytest.fixture(scope="module")
+def _one_finished_run(tmp_path_factory: pytest.TempPathFactory, tiny_model: Path) -> Path:
+    folder = tmp_path_factory.mktemp("finished")
+    out = folder / "run-a"
+    assert main(["quantize", str(write_tiny_recipe(folder, tiny_model)), "--out", str(out)]) == 0
+    return out
+
+
 @pytest.fixture
-def finished_run(tmp_path: Path, tiny_recipe: Path, capsys) -> Path:
+def finished_run(_one_finished_run: Path, tmp_path: Path) -> Path:
+    """A finished tiny FP8 run, quantized once for this module; each test gets its own copy."""
     out = tmp_path / "run-a"
-    code, _, stderr = run_cli(capsys, "quantize", tiny_recipe, "--out", out)
-    assert code == 0, stderr
+    shutil.copytree(_one_finished_run, out)
     return out
 
 
