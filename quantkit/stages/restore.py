@@ -44,7 +44,8 @@ def restore(manifest: Manifest, run_dir: Path) -> tuple[RunResults, dict[str, di
         "reference": ReferenceResult(
             key=manifest.eval.reference_key,
             cached=manifest.eval.reference_cached,
-            baseline={k: v for k, v in baseline.items() if k in ("ppl", "tokens")},
+            # the reference's own figures (baseline_metrics); bpb is the deployment score's
+            baseline={k: v for k, v in _by_stage(baseline, "evaluate").items() if k != "bpb"},
             seconds=timings.get("reference_s"),
         ),
         "quantize": QuantizeResult(artifact=manifest.artifact, seconds=timings.get("quantize_s")),
@@ -52,6 +53,9 @@ def restore(manifest: Manifest, run_dir: Path) -> tuple[RunResults, dict[str, di
             metrics=_by_stage(quantized, "evaluate"),
             window_scores=windows,
             runtime=manifest.eval.runtime or manifest.artifact.runtime,
+            kld_estimator=manifest.eval.kld_estimator,
+            tokenizer_check=manifest.eval.tokenizer_check,
+            deployment=manifest.eval.deployment,
             seconds=timings.get("eval_s"),
         ),
     }

@@ -35,7 +35,8 @@ def test_eval_run_then_gate_judges_the_updated_recovery(tmp_path: Path, tiny_mod
     run = tmp_path / "run"
     code, _, err = run_cli(capsys, "quantize", recipe, "--out", run)
     assert code == 1 and "task_recovery_pct: missing" in err
-    assert manifest(run)["gate"]["passed"] is False
+    before = manifest(run)
+    assert before["gate"]["passed"] is False
     code, out, err = run_cli(
         capsys, "eval", run, "--tasks", "quantkit_cloze", "--limit", "4", "--format", "json"
     )
@@ -45,6 +46,13 @@ def test_eval_run_then_gate_judges_the_updated_recovery(tmp_path: Path, tiny_mod
     recovery = updated["metrics"]["quantized"]["task_recovery_pct"]["value"]
     assert recovery == pytest.approx(result["recovery_pct"]["quantkit_cloze"]) == result["task_recovery_pct"]
     assert updated["gate"]["passed"] is True  # the recorded verdict is current, not stale
+    # what the earlier stages recorded survives the update: the baseline's own figures and
+    # verdict, the KLD estimator and tail samples (they were lost when a run was restored)
+    assert updated["metrics"]["baseline"] == before["metrics"]["baseline"]
+    assert set(before["metrics"]["baseline"]) >= {"top1_accuracy_pct", "unigram_ppl", "unigram_top1_pct"}
+    for key in ("baseline_check", "kld_estimator", "tail_samples", "tokenizer_check", "deployment"):
+        assert updated["eval"][key] == before["eval"][key], key
+    assert before["eval"]["kld_estimator"] == "sampled-tail" and before["eval"]["baseline_check"] is not None
     checks = {check["metric"]: check for check in updated["gate"]["checks"]}
     assert checks["task_recovery_pct"]["value"] == recovery
     assert updated["recipe"]["evals"][0]["lm_eval"]["limit"] == 4  # the manifest says what ran
