@@ -21,10 +21,24 @@ from quantkit.stages.results import (
     ServeEvalResult,
     StageResult,
 )
+from quantkit.window_scores import WindowScores
 
 
 def _by_stage(values: dict[str, float], stage: str) -> dict[str, float]:
     return {name: value for name, value in values.items() if metric_info(name).stage == stage}
+
+
+def _evaluate_result(manifest: Manifest, windows: WindowScores) -> EvaluateResult:
+    """The evaluate stage's result as the manifest recorded it."""
+    return EvaluateResult(
+        metrics=_by_stage(manifest.metrics.values("quantized"), "evaluate"),
+        window_scores=windows,
+        runtime=manifest.eval.runtime or manifest.artifact.runtime,
+        kld_estimator=manifest.eval.kld_estimator,
+        tokenizer_check=manifest.eval.tokenizer_check,
+        deployment=manifest.eval.deployment,
+        seconds=manifest.timings.get("eval_s"),
+    )
 
 
 def restore(manifest: Manifest, run_dir: Path) -> tuple[RunResults, dict[str, dict[str, JsonValue]]]:
@@ -49,15 +63,7 @@ def restore(manifest: Manifest, run_dir: Path) -> tuple[RunResults, dict[str, di
             seconds=timings.get("reference_s"),
         ),
         "quantize": QuantizeResult(artifact=manifest.artifact, seconds=timings.get("quantize_s")),
-        "evaluate": EvaluateResult(
-            metrics=_by_stage(quantized, "evaluate"),
-            window_scores=windows,
-            runtime=manifest.eval.runtime or manifest.artifact.runtime,
-            kld_estimator=manifest.eval.kld_estimator,
-            tokenizer_check=manifest.eval.tokenizer_check,
-            deployment=manifest.eval.deployment,
-            seconds=timings.get("eval_s"),
-        ),
+        "evaluate": _evaluate_result(manifest, windows),
     }
     for index, section in enumerate(manifest.lm_eval or []):
         restored[f"lm_eval.{index}"] = LmEvalResult(
