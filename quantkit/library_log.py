@@ -146,7 +146,9 @@ class LibraryLog:
         if self._loguru_sink is not None:
             from loguru import logger
 
-            logger.remove(self._loguru_sink)
+            # every sink: ours, or llm-compressor's file sink to the log if its import
+            # replaced ours (removing ours by id would then fail)
+            logger.remove()
             self._loguru_sink = None
             logger.add(sys.stderr, level="INFO")
         if "transformers" in sys.modules:
