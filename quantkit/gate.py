@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import math
 import xml.etree.ElementTree as ET
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import asdict
 from pathlib import Path
 from typing import Literal
@@ -25,34 +25,22 @@ from pydantic import ConfigDict, Field, JsonValue, TypeAdapter, ValidationError,
 from pydantic.dataclasses import dataclass
 
 from quantkit.errors import RecipeError, RunNotFoundError
+from quantkit.evals import significance as sig
 from quantkit.evals.plausibility import Plausibility
-from quantkit.metrics import format_metric, metric_info
+from quantkit.metrics import METRICS, MetricInfo, format_metric
 from quantkit.specs import GateSpec
 from quantkit.window_scores import WINDOWS_SCHEMA, WindowScores
 
-# gate field -> metric it bounds; ``max_`` fields bound lower-is-better metrics, ``min_`` the others
-_GATED: dict[str, str] = {
-    "max_kld": "kld_mean",
-    "max_kld_p99": "kld_p99",
-    "max_ppl_increase_pct": "ppl_increase_pct",
-    "min_top1_pct": "top1_agreement_pct",
-    "min_task_recovery_pct": "task_recovery_pct",
-    "min_decode_speed_ratio": "decode_speed_ratio",
-    "min_prefill_speed_ratio": "prefill_speed_ratio",
-    "max_peak_memory_bytes": "peak_memory_bytes",
-    "max_memory_ratio": "memory_ratio",
-    "max_ttft_p95": "serve_ttft_p95_s",
-    "max_tpot_p95": "serve_tpot_p95_s",
-    "max_e2e_p95": "serve_e2e_p95_s",
-    "min_goodput": "serve_goodput",
-    "min_output_tok_s": "serve_output_tok_s",
-}
-# any of these set: the served measurement must also have had no failed request
-SERVE_FIELDS = ("max_ttft_p95", "max_tpot_p95", "max_e2e_p95", "min_goodput", "min_output_tok_s")
-GATE_FIELDS: dict[str, tuple[str, Literal["max", "min"]]] = {
-    field: (metric, "min" if metric_info(metric).higher_is_better else "max")
-    for field, metric in _GATED.items()
-}
+
+def gate_fields() -> dict[str, tuple[str, Literal["max", "min"]]]:
+    """Gate field -> (the metric it bounds, ``max`` or ``min``), from the metric registry."""
+    return {info.gate_field: (info.name, info.gate_kind) for info in METRICS.gated()}
+
+
+def serve_fields() -> list[str]:
+    """The gate fields on served metrics: any of them set, no request may have failed either."""
+    return [info.gate_field for info in METRICS.gated() if info.stage == "serve_bench"]
+
 
 WINDOWS_FILE = "eval_windows.json"
 MAX_GATE_FILE_BYTES = 100_000
@@ -153,28 +141,25 @@ def _judge(
     return "inconclusive", not strict
 
 
-def _intervals(spec: GateSpec, windows: WindowScores) -> tuple[dict[str, list[float]], list[str]]:
-    """Bootstrap intervals per metric from per-window scores (and notes on what was skipped)."""
-    from quantkit.evals import significance as sig
+def _interval(info: MetricInfo, spec: GateSpec, windows: WindowScores) -> sig.Interval:
+    form = info.windows
+    assert form is not None
+    values = windows.quantized.series(form.series)
+    if form.statistic == "ppl_increase":
+        base = windows.baseline.nll_mean
+        return sig.ppl_increase_interval(base, values, spec.confidence, spec.bootstrap_samples, spec.seed)
+    return sig.mean_interval(values, spec.confidence, spec.bootstrap_samples, spec.seed, scale=form.scale)
 
-    conf, samples, seed = spec.confidence, spec.bootstrap_samples, spec.seed
-    base_nll, quantized = windows.baseline.nll_mean, windows.quantized
-    top1 = quantized.top1_agreement
-    jobs: list[tuple[str, Callable[[], sig.Interval]]] = [
-        (
-            "ppl_increase_pct",
-            lambda: sig.ppl_increase_interval(base_nll, quantized.nll_mean, conf, samples, seed),
-        ),
-        ("kld_mean", lambda: sig.mean_interval(quantized.kld_mean, conf, samples, seed)),
-        ("top1_agreement_pct", lambda: sig.mean_interval(top1, conf, samples, seed, scale=100.0)),
-    ]
+
+def _intervals(spec: GateSpec, windows: WindowScores) -> tuple[dict[str, list[float]], list[str]]:
+    """Bootstrap intervals per metric with a per-window form (and notes on what was skipped)."""
     out: dict[str, list[float]] = {}
     notes: list[str] = []
-    for metric, compute in jobs:
+    for info in METRICS.windowed():
         try:
-            out[metric] = compute().as_list()
-        except ValueError as err:
-            notes.append(f"no interval for {metric}: {err}")
+            out[info.name] = _interval(info, spec, windows).as_list()
+        except (ValueError, KeyError) as err:
+            notes.append(f"no interval for {info.name}: {err}")
     return out, notes
 
 
@@ -256,12 +241,11 @@ def evaluate_gate(
         )
     elif spec.require_significance:
         notes.append("significance requested but no per-window scores were given: point values compared")
+    thresholds = spec.thresholds()
     checks = [
-        _threshold_check(spec, name, metrics, intervals)
-        for name in GATE_FIELDS
-        if getattr(spec, name) is not None
+        _threshold_check(spec, name, metrics, intervals) for name in gate_fields() if name in thresholds
     ]
-    if any(getattr(spec, name) is not None for name in SERVE_FIELDS):
+    if any(name in thresholds for name in serve_fields()):
         checks.append(_served_without_failures(metrics))
     if plausibility is not None:
         checks += plausibility_checks(plausibility)
@@ -275,8 +259,8 @@ def _threshold_check(
     spec: GateSpec, name: str, metrics: Mapping[str, float | None], intervals: dict[str, list[float]]
 ) -> Check:
     """The check of gate field ``name`` (set in ``spec``) on its metric; a missing value fails."""
-    metric, kind = GATE_FIELDS[name]
-    threshold = float(getattr(spec, name))
+    metric, kind = gate_fields()[name]
+    threshold = spec.thresholds()[name]
     value = metrics.get(metric)
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return Check(metric=metric, kind=kind, threshold=threshold, value=None, passed=False, field=name)
@@ -356,7 +340,7 @@ def load_gate_file(path: Path) -> GateSpec:
     from quantkit.recipe import read_yaml
 
     data = read_yaml(path, "gate file", MAX_GATE_FILE_BYTES)
-    example = "e.g. 'max_kld: 0.05' on its own line; see docs/ci.md"
+    example = "e.g. 'max_kld_mean: 0.05' on its own line; see docs/ci.md"
     if data is None:
         raise RecipeError(f"{path}: gate file is empty", example)
     prefix: tuple[str, ...] = ()

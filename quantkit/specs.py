@@ -1,14 +1,25 @@
 """The sections of a recipe (text sources, eval, gates, bench, lm-eval): strict pydantic models.
 
-They import nothing else of quantkit, so backends, runtimes and stages can use them without
-pulling in recipe loading.
+They import nothing else of quantkit but the metric registry (the gate's fields), so backends,
+runtimes and stages can use them without pulling in recipe loading.
 """
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import (
+    AliasChoices,
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    ValidatorFunctionWrapHandler,
+    create_model,
+    model_validator,
+)
+
+from quantkit.metrics import METRICS, MetricInfo
 
 RunKind = Literal["quantized", "external"]  # made by a backend, or an existing artifact imported
 
@@ -83,30 +94,11 @@ class BaselineSpec(StrictModel):
     )
 
 
-class GateSpec(StrictModel):
-    """Thresholds a run must meet (``max_*``/``min_*``; a missing metric fails its check) plus
-    the significance options. Relative to the baseline: ``max_ppl_increase_pct``,
-    ``min_top1_pct``, ``min_task_recovery_pct`` and the ``*_ratio`` fields; absolute:
-    ``max_kld``, ``max_kld_p99`` (nats) and ``max_peak_memory_bytes``."""
+class GateOptions(StrictModel):
+    """The significance options of a gate; ``GateSpec`` adds a threshold field per gated metric
+    of the registry (``quantkit.metrics``): ``max_<metric>`` for lower-is-better metrics,
+    ``min_<metric>`` for the others. A missing metric fails its check."""
 
-    max_kld: float | None = Field(None, ge=0, description="max mean KL-divergence (nats)")
-    max_kld_p99: float | None = Field(None, ge=0, description="max 99th-percentile KLD (nats)")
-    max_ppl_increase_pct: float | None = Field(None, description="max perplexity increase, %")
-    min_top1_pct: float | None = Field(None, ge=0, le=100, description="min top-1 agreement, %")
-    min_task_recovery_pct: float | None = Field(
-        None, ge=0, description="min task score recovered, % of the baseline's"
-    )
-    min_decode_speed_ratio: float | None = Field(None, ge=0, description="min decode speed / baseline's")
-    min_prefill_speed_ratio: float | None = Field(None, ge=0, description="min prefill speed / baseline's")
-    max_peak_memory_bytes: int | None = Field(None, ge=0, description="max peak memory, bytes")
-    max_memory_ratio: float | None = Field(None, ge=0, description="max peak memory / baseline's")
-    max_ttft_p95: float | None = Field(None, gt=0, description="max p95 time to first token, served (s)")
-    max_tpot_p95: float | None = Field(None, gt=0, description="max p95 time per output token, served (s)")
-    max_e2e_p95: float | None = Field(None, gt=0, description="max p95 end-to-end latency, served (s)")
-    min_goodput: float | None = Field(
-        None, ge=0, le=1, description="min share of requests meeting every SLO, served (0-1)"
-    )
-    min_output_tok_s: float | None = Field(None, ge=0, description="min output tokens/s, served")
     require_significance: bool = Field(
         False, description="judge KLD, ppl and top-1 by bootstrap intervals over the eval windows"
     )
@@ -116,14 +108,63 @@ class GateSpec(StrictModel):
     confidence: float = Field(0.95, gt=0, lt=1, description="confidence level of the intervals")
     bootstrap_samples: int = Field(2000, ge=100, le=1_000_000, description="bootstrap resamples")
     seed: int = Field(0, description="seed of the bootstrap resampling")
+    _renamed: list[tuple[str, str]] = PrivateAttr(default_factory=list)
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _note_old_names(cls, data: object, handler: ValidatorFunctionWrapHandler) -> GateOptions:
+        """Fields named before they were named after their metric (``max_kld``) are read as
+        the new ones; ``deprecation_notes`` says so."""
+        spec: GateOptions = handler(data)
+        if isinstance(data, dict):
+            renamed = old_gate_fields()
+            spec._renamed = [(old, renamed[old]) for old in data if old in renamed]
+        return spec
+
+    def thresholds(self) -> dict[str, float]:
+        """The threshold fields that are set, by field name."""
+        values = {
+            name: getattr(self, name) for name in type(self).model_fields if name.startswith(("max_", "min_"))
+        }
+        return {name: float(value) for name, value in values.items() if value is not None}
 
     def is_empty(self) -> bool:
-        """True when no threshold (``max_*``/``min_*``) is set; the options do not count."""
-        return all(
-            getattr(self, name) is None
-            for name in type(self).model_fields
-            if name.startswith(("max_", "min_"))
-        )
+        """True when no threshold is set; the options do not count."""
+        return not self.thresholds()
+
+    def deprecation_notes(self) -> list[str]:
+        return [f"gate field '{old}' is now '{new}' (the old name still works)" for old, new in self._renamed]
+
+
+def old_gate_fields() -> dict[str, str]:
+    """Gate fields' names before they were named after their metric -> their names now."""
+    return {
+        info.gate.old_field: info.gate_field for info in METRICS.gated() if info.gate and info.gate.old_field
+    }
+
+
+def _threshold_field(info: MetricInfo) -> tuple[object, object]:
+    """(type, Field) of the gate field that bounds ``info``."""
+    bound = info.gate
+    assert bound is not None
+    names = AliasChoices(info.gate_field, bound.old_field) if bound.old_field else None
+    field = Field(None, ge=bound.ge, le=bound.le, gt=bound.gt, description=bound.help, validation_alias=names)
+    return (int | None) if bound.integer else (float | None), field
+
+
+def _gate_spec() -> type[GateOptions]:
+    fields = {info.gate_field: _threshold_field(info) for info in METRICS.gated()}
+    model: type[GateOptions] = create_model(  # type: ignore[call-overload]
+        "GateSpec", __base__=GateOptions, __module__=__name__, **fields
+    )
+    model.__doc__ = "Thresholds a run must meet, one field per gated metric, plus the significance options."
+    return model
+
+
+if TYPE_CHECKING:
+    GateSpec = GateOptions
+else:
+    GateSpec = _gate_spec()
 
 
 class BenchSpec(StrictModel):

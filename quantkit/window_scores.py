@@ -14,11 +14,25 @@ class BaselineWindows(BaseModel):
 
 
 class QuantizedWindows(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    """The quantized side's per-window series: the built-in three, plus one per metric with a
+    per-window form that registers another series (``quantkit.metrics.WindowForm``)."""
+
+    model_config = ConfigDict(extra="allow")
+    __pydantic_extra__: dict[str, list[float]] = Field(init=False)
 
     nll_mean: list[float]
     kld_mean: list[float]
     top1_agreement: list[float]
+
+    def series(self, name: str) -> list[float]:
+        """A series by name; KeyError when this run has none of that name."""
+        if name in type(self).model_fields:
+            values: list[float] = getattr(self, name)
+            return values
+        return self.__pydantic_extra__[name]
+
+    def all_series(self) -> dict[str, list[float]]:
+        return {name: self.series(name) for name in (*type(self).model_fields, *self.__pydantic_extra__)}
 
 
 class WindowScores(BaseModel):
@@ -37,12 +51,7 @@ class WindowScores(BaseModel):
 
     @model_validator(mode="after")
     def _same_window_count(self) -> WindowScores:
-        lengths = {
-            len(self.baseline.nll_mean),
-            len(self.quantized.nll_mean),
-            len(self.quantized.kld_mean),
-            len(self.quantized.top1_agreement),
-        }
+        lengths = {len(self.baseline.nll_mean), *map(len, self.quantized.all_series().values())}
         if len(lengths) > 1:
             raise ValueError(f"window counts differ: {sorted(lengths)}")
         return self

@@ -135,7 +135,7 @@ E2E_BUDGET = [
 
 
 def write_tiny_recipe(folder: Path, model: Path, num_windows: int = 4, batch_size: int = 2) -> Path:
-    """Write a small FP8-dynamic recipe on ``model`` into ``folder``. Its gate, max_kld 0.005,
+    """Write a small FP8-dynamic recipe on ``model`` into ``folder``. Its gate, max_kld_mean 0.005,
     separates the real artifact (KLD ~9e-5) from a corrupted one (the tiny model with its
     matrices' rows shuffled: ~0.05; tests/cli/test_external.py), where 1.0 let both pass."""
     path = folder / "tiny.yaml"
@@ -148,7 +148,7 @@ model: {model}
 device: cpu
 calibration: {{num_samples: 4, seq_len: 64}}
 eval: {{num_windows: {num_windows}, seq_len: 64, top_k: 8, batch_size: {batch_size}}}
-gates: {{max_kld: 0.005}}
+gates: {{max_kld_mean: 0.005}}
 """,
         encoding="utf-8",
     )

@@ -5,6 +5,7 @@ Thresholds are layered field by field: the run's recipe `gates:` < `--gate-file`
 
 from __future__ import annotations
 
+import inspect
 import re
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -13,7 +14,7 @@ import typer
 from pydantic import JsonValue
 
 from quantkit.cli.common import FormatOption
-from quantkit.cli.output import OutputFormat, emit_json, stderr, stdout
+from quantkit.cli.output import OutputFormat, emit_json, print_notes, stderr, stdout
 from quantkit.errors import OutputError, RunNotFoundError, UserInputError
 
 if TYPE_CHECKING:
@@ -57,6 +58,15 @@ def _seconds(value: str | None, name: str) -> float | None:
     return None if value is None else parse_duration(value, name)
 
 
+def _number(value: str | None, name: str) -> float | None:
+    if value is None:
+        return None
+    try:
+        return float(value)
+    except ValueError:
+        raise UserInputError(f"{name}: '{value}' is not a number", f"e.g. {name} 0.05") from None
+
+
 def _bytes(value: str | None, name: str) -> int | None:
     if value is None:
         return None
@@ -66,52 +76,45 @@ def _bytes(value: str | None, name: str) -> int | None:
     return round(float(match.group(1)) * _BYTE_UNITS[match.group(2)])
 
 
+_READERS = {
+    "number": _number,
+    "percent": _percent,
+    "fraction": _fraction,
+    "seconds": _seconds,
+    "bytes": _bytes,
+}
+
+
+def _threshold_value(field: str, text: str | None) -> JsonValue:
+    """A threshold flag's text as its gate field's value, read as its metric registers."""
+    from quantkit.metrics import METRICS
+
+    bound = next(info.gate for info in METRICS.gated() if info.gate_field == field)
+    assert bound is not None
+    value = _READERS[bound.value](text, bound.flag)
+    return None if value is None else (round(value) if bound.integer else value)
+
+
+def _threshold_options() -> list[inspect.Parameter]:
+    """One ``--max-*``/``--min-*`` option per gated metric of the registry (plug-ins' included)."""
+    from quantkit.metrics import METRICS
+
+    return [
+        inspect.Parameter(
+            info.gate_field,
+            inspect.Parameter.KEYWORD_ONLY,
+            default=typer.Option(None, info.gate.flag, help=info.gate.help),
+            annotation=str | None,
+        )
+        for info in METRICS.gated()
+        if info.gate is not None
+    ]
+
+
 def gate(
     runs: list[Path] = typer.Argument(..., help="run folders made by quantkit quantize", metavar="RUN"),
     gate_file: Path | None = typer.Option(
         None, "--gate-file", help="YAML mapping of gate fields (overrides the recipe's gates; see docs/ci.md)"
-    ),
-    max_kld: float | None = typer.Option(
-        None, "--max-kld", help="max mean KLD vs the baseline (nats, absolute)"
-    ),
-    max_kld_p99: float | None = typer.Option(
-        None, "--max-kld-p99", help="max p99 per-token KLD (nats, absolute)"
-    ),
-    max_ppl_increase: str | None = typer.Option(
-        None, "--max-ppl-increase", help="max perplexity increase relative to the baseline, e.g. 5%"
-    ),
-    min_top1: str | None = typer.Option(
-        None, "--min-top1", help="min top-1 agreement with the baseline, e.g. 90%"
-    ),
-    min_task_recovery: str | None = typer.Option(
-        None, "--min-task-recovery", help="min task score as % of the baseline's, e.g. 98%"
-    ),
-    min_decode_speed_ratio: float | None = typer.Option(
-        None, "--min-decode-speed-ratio", help="min decode tokens/s relative to the baseline, e.g. 1.2"
-    ),
-    min_prefill_speed_ratio: float | None = typer.Option(
-        None, "--min-prefill-speed-ratio", help="min prefill tokens/s relative to the baseline"
-    ),
-    max_peak_memory: str | None = typer.Option(
-        None, "--max-peak-memory", help="max peak memory (absolute), e.g. 8GB, 7.5GiB or bytes"
-    ),
-    max_memory_ratio: float | None = typer.Option(
-        None, "--max-memory-ratio", help="max peak memory relative to the baseline, e.g. 0.6"
-    ),
-    max_ttft_p95: str | None = typer.Option(
-        None, "--max-ttft-p95", help="max p95 time to first token through the endpoint, e.g. 800ms"
-    ),
-    max_tpot_p95: str | None = typer.Option(
-        None, "--max-tpot-p95", help="max p95 time per output token through the endpoint, e.g. 50ms"
-    ),
-    max_e2e_p95: str | None = typer.Option(
-        None, "--max-e2e-p95", help="max p95 end-to-end request latency through the endpoint, e.g. 10s"
-    ),
-    min_goodput: str | None = typer.Option(
-        None, "--min-goodput", help="min share of requests meeting the SLO through the endpoint, e.g. 0.9"
-    ),
-    min_output_tok_s: float | None = typer.Option(
-        None, "--min-output-tok-s", help="min output tokens/s through the endpoint"
     ),
     require_significance: bool | None = typer.Option(
         None,
@@ -131,26 +134,14 @@ def gate(
         None, "--markdown", help="write a Markdown table here (e.g. $GITHUB_STEP_SUMMARY)"
     ),
     output_format: OutputFormat = FormatOption,
+    **thresholds: str | None,  # one option per gated metric: _threshold_options
 ) -> None:
     from quantkit.evals.plausibility import artifact_check
     from quantkit.gate import evaluate_gate, load_gate_file, load_windows, resolve_spec
     from quantkit.store import load_run
 
     flags: dict[str, JsonValue] = {
-        "max_kld": max_kld,
-        "max_kld_p99": max_kld_p99,
-        "max_ppl_increase_pct": _percent(max_ppl_increase, "--max-ppl-increase"),
-        "min_top1_pct": _percent(min_top1, "--min-top1"),
-        "min_task_recovery_pct": _percent(min_task_recovery, "--min-task-recovery"),
-        "min_decode_speed_ratio": min_decode_speed_ratio,
-        "min_prefill_speed_ratio": min_prefill_speed_ratio,
-        "max_peak_memory_bytes": _bytes(max_peak_memory, "--max-peak-memory"),
-        "max_memory_ratio": max_memory_ratio,
-        "max_ttft_p95": _seconds(max_ttft_p95, "--max-ttft-p95"),
-        "max_tpot_p95": _seconds(max_tpot_p95, "--max-tpot-p95"),
-        "max_e2e_p95": _seconds(max_e2e_p95, "--max-e2e-p95"),
-        "min_goodput": _fraction(min_goodput, "--min-goodput"),
-        "min_output_tok_s": min_output_tok_s,
+        **{field: _threshold_value(field, text) for field, text in thresholds.items()},
         "require_significance": require_significance,
         "strict_inconclusive": strict_inconclusive,
         "confidence": _fraction(confidence, "--confidence"),
@@ -162,6 +153,7 @@ def gate(
     if gate_file is not None:
         file_spec = load_gate_file(gate_file)
         file_layer = file_spec.model_dump(include=file_spec.model_fields_set)
+        print_notes([f"{gate_file}: {note}" for note in file_spec.deprecation_notes()])
 
     # Validate every input before evaluating anything: bad input is exit 2, never a half gate.
     for target in (junit, markdown):
@@ -220,6 +212,12 @@ def gate(
     stderr.print("[green]gate passed[/green]")
 
 
+_signature = inspect.signature(gate)
+_fixed = [param for param in _signature.parameters.values() if param.kind != inspect.Parameter.VAR_KEYWORD]
+_options = [param.replace(kind=inspect.Parameter.KEYWORD_ONLY) for param in _fixed[1:]]
+gate.__signature__ = _signature.replace(  # type: ignore[attr-defined]
+    parameters=[_fixed[0], *_threshold_options(), *_options]
+)
 gate.__doc__ = (  # built from single-line paragraphs: the help reflows them
     "Check runs against thresholds: each run's recipe gates, overridden field by field by "
     "--gate-file, overridden by the flags. Exit 0 when every check of every run passes, 1 when "

@@ -46,6 +46,14 @@ def print_warnings(warnings: list[str]) -> None:
         stderr.print(f"[yellow]warning:[/yellow] {escape(warning)}", soft_wrap=not stderr.is_terminal)
 
 
+def print_notes(notes: list[str]) -> None:
+    """Notes (e.g. a deprecated name read) on stderr."""
+    from rich.markup import escape
+
+    for note in notes:
+        stderr.print(f"[yellow]note:[/yellow] {escape(note)}", soft_wrap=not stderr.is_terminal)
+
+
 @dataclass(frozen=True)
 class TableView:
     """How a command shows its comparison in a terminal: fitted to the width (default), the

@@ -15,7 +15,15 @@ from quantkit.cli.common import (
     device_option,
     device_value,
 )
-from quantkit.cli.output import OutputFormat, RichReporter, TableView, emit_json, print_comparison, stderr
+from quantkit.cli.output import (
+    OutputFormat,
+    RichReporter,
+    TableView,
+    emit_json,
+    print_comparison,
+    print_notes,
+    stderr,
+)
 from quantkit.device import DeviceChoice
 
 DEFAULT_RECIPE = "fp8-dynamic"
@@ -54,6 +62,7 @@ def quantize(
 
     view = TableView.from_flags(columns, wide)
     resolved, base = load_recipe_and_base(recipe, overrides)
+    print_notes(base.gates.deprecation_notes())
     human = output_format == OutputFormat.human
     if human:
         stderr.print(f"[bold]quantkit[/bold] recipe [cyan]{escape(resolved.name)}[/cyan] ({resolved.method})")

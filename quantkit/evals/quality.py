@@ -23,10 +23,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar, Protocol
 
 from quantkit.errors import BackendError
+from quantkit.metrics import METRICS
+from quantkit.metrics.positions import PositionScores
 from quantkit.window_scores import BaselineWindows, QuantizedWindows, WindowScores
 
 if TYPE_CHECKING:
@@ -38,27 +39,6 @@ if TYPE_CHECKING:
     from quantkit.tokens import TokenWindows
 
 _TINY = 1e-30
-
-
-@dataclass
-class PositionScores:
-    """Per-position arrays [N, L-1] for one model against the reference."""
-
-    nll: npt.NDArray[np.float64]
-    kld: npt.NDArray[np.float64]
-    top1_match: npt.NDArray[np.bool_]
-    delta_p: npt.NDArray[np.float64]
-    correct: npt.NDArray[np.bool_]  # the artifact's argmax is the actual next token
-
-    def at(self, positions: slice) -> PositionScores:
-        """Only the predicted ``positions`` of every window (see ``scored_positions``)."""
-        return PositionScores(
-            self.nll[:, positions],
-            self.kld[:, positions],
-            self.top1_match[:, positions],
-            self.delta_p[:, positions],
-            self.correct[:, positions],
-        )
 
 
 def scored_positions(protocol: str, seq_len: int) -> slice:
@@ -242,32 +222,21 @@ def targets(windows: TokenWindows, positions: slice) -> npt.NDArray[np.int64]:
 
 
 def summarize(scores: PositionScores, baseline_ppl: float) -> dict[str, float]:
-    """Aggregate per-position scores into the run's quality metrics."""
-    import numpy as np
-
-    ppl = math.exp(float(scores.nll.mean()))
-    return {
-        "ppl": ppl,
-        "ppl_increase_pct": 100.0 * (ppl / baseline_ppl - 1.0),
-        "kld_mean": float(scores.kld.mean()),
-        "kld_median": float(np.median(scores.kld)),
-        "kld_p99": float(np.percentile(scores.kld, 99)),
-        "top1_agreement_pct": 100.0 * float(scores.top1_match.mean()),
-        "top1_accuracy_pct": 100.0 * float(scores.correct.mean()),
-        "delta_p_mean": float(scores.delta_p.mean()),
-        "tokens": float(scores.nll.size),
-    }
+    """The run's quality metrics: every registered metric computed from per-position scores."""
+    return {info.name: info.compute(scores, baseline_ppl) for info in METRICS.computed() if info.compute}
 
 
 def per_window(scores: PositionScores, reference: Reference) -> WindowScores:
-    """Per-window means of baseline and quantized model (for significance tests)."""
+    """Per-window values of baseline and quantized model (for significance tests): the
+    baseline's mean nll and each registered per-window series of the quantized model."""
     baseline_nll = (-reference.target_logprobs.astype("float64")).mean(-1)
+    series = {
+        info.windows.series: [float(v) for v in info.windows.values(scores)]
+        for info in METRICS.windowed()
+        if info.windows
+    }
     return WindowScores(
         positions_per_window=int(scores.nll.shape[-1]),
         baseline=BaselineWindows(nll_mean=[float(v) for v in baseline_nll]),
-        quantized=QuantizedWindows(
-            nll_mean=[float(v) for v in scores.nll.mean(-1)],
-            kld_mean=[float(v) for v in scores.kld.mean(-1)],
-            top1_agreement=[float(v) for v in scores.top1_match.mean(-1)],
-        ),
+        quantized=QuantizedWindows.model_validate(series),
     )

@@ -24,7 +24,7 @@ REPORT_SCHEMA = 2
 
 Row = dict[str, JsonValue]
 
-COLUMNS: list[tuple[str, str]] = [
+LEADING_COLUMNS: list[tuple[str, str]] = [
     ("name", "run"),
     ("run_id", "run id"),
     ("method", "method"),
@@ -32,36 +32,21 @@ COLUMNS: list[tuple[str, str]] = [
     ("weight_bits", "bits (quantized)"),
     ("file_bpw", "bpw (file)"),
     ("disk_bytes", "disk"),
-    ("ppl", "ppl"),
-    ("ppl_increase_pct", "Δppl %"),
-    ("kld_mean", "KLD mean"),
-    ("kld_p99", "KLD p99"),
-    ("top1_agreement_pct", "top-1 %"),
-    ("quantize_s", "quantize s"),
 ]
 
-# Shown only when at least one row has a value (benchmark and lm-eval stages are optional).
-OPTIONAL_COLUMNS: list[tuple[str, str]] = [
-    ("convert_s", "convert s"),
-    ("peak_memory_bytes", "peak mem"),
-    ("prefill_tok_s", "prefill tok/s"),
-    ("decode_tok_s", "decode tok/s"),
-    ("decode_speed_ratio", "decode × base"),
-    ("runtime_decode_speed_ratio", "decode × unquantized, same runtime"),
-    ("cost_per_mtok_usd", "$/1M tok (batch 1)"),
-    ("task_recovery_pct", "lm-eval recovery %"),
-    ("bpb", "bits/byte"),
-    ("deployed_bpb", "bits/byte as deployed"),
-    ("serve_ttft_p95_s", "served TTFT p95 s"),
-    ("serve_tpot_p95_s", "served TPOT p95 s"),
-    ("serve_e2e_p95_s", "served E2E p95 s"),
-    ("serve_output_tok_s", "served out tok/s"),
-    ("serve_goodput", "served goodput"),
-    ("serve_failed_requests", "served failed"),
-    ("serve_cost_per_mtok_usd", "served $/1M tok"),
-    ("serve_cost_per_task_usd", "served $/task"),
-    ("served_kld_mean", "served KLD (top-k)"),
-]
+
+def fixed_columns() -> list[tuple[str, str]]:
+    """(key, heading) of the columns every report has: the run's identity, the metrics
+    registered as always shown, and the quantization time."""
+    shown = [(info.name, info.column or info.name) for info in METRICS.columns() if info.always_shown]
+    return [*LEADING_COLUMNS, *shown, ("quantize_s", "quantize s")]
+
+
+def optional_columns() -> list[tuple[str, str]]:
+    """Columns shown only when some row has a value (bench, lm-eval and serving are optional)."""
+    shown = [(info.name, info.column or info.name) for info in METRICS.columns() if not info.always_shown]
+    return [("convert_s", "convert s"), *shown]
+
 
 TEXT_KEYS = ("name", "run_id", "method", "scheme")
 NOTE = (  # under the Markdown and HTML reports' tables
@@ -70,7 +55,6 @@ NOTE = (  # under the Markdown and HTML reports' tables
     "quantized layers (the scheme's nominal figure; measured from the file for GGUF); bpw (file): "
     "bits per parameter of the whole file."
 )
-_QUALITY = ("ppl", "ppl_increase_pct", "kld_mean", "kld_p99", "top1_agreement_pct")
 
 
 @dataclass
@@ -103,8 +87,8 @@ class Comparison:
     def columns(self) -> list[tuple[str, str]]:
         """The fixed columns plus each optional one that some row has a value for."""
         rows = self.rows
-        present = [col for col in OPTIONAL_COLUMNS if any(row.get(col[0]) is not None for row in rows)]
-        return COLUMNS + present
+        present = [col for col in optional_columns() if any(row.get(col[0]) is not None for row in rows)]
+        return fixed_columns() + present
 
     def to_json(self) -> dict[str, JsonValue]:
         return {
@@ -147,18 +131,13 @@ def _baseline_row(record: RunRecord, index: int) -> Row:
         "weight_bits": manifest.baseline.weight_bits,
         "file_bpw": round(8 * manifest.model.disk_bytes / params, 3) if params else None,
         "disk_bytes": manifest.model.disk_bytes,
-        "ppl": manifest.metrics.values("baseline").get("ppl"),
-        "ppl_increase_pct": 0.0,
-        "kld_mean": 0.0,
-        "kld_p99": 0.0,
-        "top1_agreement_pct": 100.0,
         "quantize_s": None,
         "model": manifest.model.spec,
         "group": index,
     }
     baseline = manifest.metrics.values("baseline")
-    for key, _ in OPTIONAL_COLUMNS:
-        row[key] = baseline.get(key)
+    for info in METRICS.columns():  # the baseline's own figure, or its value against itself
+        row[info.name] = baseline.get(info.name) if info.baseline_value is None else info.baseline_value
     if baseline.get("decode_tok_s") is not None:
         row["decode_speed_ratio"] = 1.0  # the baseline against itself
     serve = manifest.serve
@@ -221,8 +200,8 @@ def _run_row(record: RunRecord, index: int) -> Row:
         "gate_passed": None if manifest.gate is None else manifest.gate.passed,
         "serve_levels": serve_levels(None if manifest.serve is None else manifest.serve.artifact),
     }
-    for key in (*_QUALITY, *(key for key, _ in OPTIONAL_COLUMNS)):
-        row.setdefault(key, quantized.get(key))  # convert_s comes from the artifact, not a metric
+    for info in METRICS.columns():
+        row[info.name] = quantized.get(info.name)
     return row
 
 

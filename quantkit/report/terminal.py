@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from quantkit.errors import UserInputError
-from quantkit.report.table import COLUMNS, OPTIONAL_COLUMNS, Comparison, Group, Row, format_cell
+from quantkit.report.table import Comparison, Group, Row, fixed_columns, format_cell, optional_columns
 
 if TYPE_CHECKING:
     from rich.console import RenderableType
@@ -64,8 +64,8 @@ _SHOWN_WHEN_MEASURED = ("decode_speed_ratio", "peak_memory_bytes", "gate")
 def _known_columns() -> dict[str, ViewColumn]:
     """Every column ``--columns`` can name: the default view's and the wide table's."""
     known = {column.key: column for column in DEFAULT_VIEW}
-    known |= {key: ViewColumn(key, title, text=key in ("run_id", "method")) for key, title in COLUMNS}
-    known |= {key: ViewColumn(key, title) for key, title in OPTIONAL_COLUMNS}
+    known |= {key: ViewColumn(key, title, text=key in ("run_id", "method")) for key, title in fixed_columns()}
+    known |= {key: ViewColumn(key, title) for key, title in optional_columns()}
     known["name"] = DEFAULT_VIEW[0]
     return known
 

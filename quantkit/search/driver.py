@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING
 from pydantic import JsonValue
 
 from quantkit.errors import RecipeError, UserInputError
+from quantkit.metrics import metric_info
 from quantkit.search.profile import DEFAULT_TYPES, SearchFormat
 from quantkit.search.record import (
     FORMATS,
@@ -327,9 +328,7 @@ def _candidate_recipe(
     base = request.recipe.model_dump(
         mode="json", exclude={"name", "description", "method", "options", "gates"}
     )
-    gates: dict[str, JsonValue] = {"max_kld": request.budget.limit}
-    if request.budget.metric == "ppl_increase_pct":
-        gates = {"max_ppl_increase_pct": request.budget.limit}
+    gates: dict[str, JsonValue] = {metric_info(request.budget.metric).gate_field: request.budget.limit}
     data = base | {
         "name": name,
         "description": description,

@@ -9,7 +9,7 @@ from pydantic import JsonValue
 
 from quantkit.errors import RunNotFoundError
 from quantkit.manifest import Manifest
-from quantkit.metrics import metric_info
+from quantkit.metrics import METRICS
 from quantkit.stages.results import (
     BenchResult,
     EvaluateResult,
@@ -25,7 +25,9 @@ from quantkit.window_scores import WindowScores
 
 
 def _by_stage(values: dict[str, float], stage: str) -> dict[str, float]:
-    return {name: value for name, value in values.items() if metric_info(name).stage == stage}
+    """The values ``stage`` made (a metric whose plug-in is no longer installed belongs to none)."""
+    stages = {name: METRICS.get(name.split(":", 1)[0]) for name in values}
+    return {name: value for name, value in values.items() if (info := stages[name]) and info.stage == stage}
 
 
 def _evaluate_result(manifest: Manifest, windows: WindowScores) -> EvaluateResult:

@@ -126,7 +126,7 @@ def test_default_out_goes_to_the_runs_folder(tiny_recipe: Path, tmp_path: Path, 
 
 def test_failing_recipe_gate_exits_1(tiny_recipe: Path, tmp_path: Path, capsys) -> None:
     code, _, err = run_cli(
-        capsys, "quantize", tiny_recipe, "--out", tmp_path / "g", "--set", "gates.max_kld=0"
+        capsys, "quantize", tiny_recipe, "--out", tmp_path / "g", "--set", "gates.max_kld_mean=0"
     )
     assert code == 1
     assert "kld_mean" in err and "FAILED" in err

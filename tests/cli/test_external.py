@@ -116,7 +116,7 @@ def test_a_run_and_its_artifact_folder_reproduce_the_runs_own_figures(
         assert external["artifact"]["weight_bits"] == own["artifact"]["weight_bits"] == 8.0
     from_run = manifest(as_run)
     assert from_run["artifact"]["details"]["provenance"]["metadata"]["run_id"] == own["run_id"]
-    assert from_run["gate"]["passed"] is True and from_run["recipe"]["gates"]["max_kld"] == 0.005
+    assert from_run["gate"]["passed"] is True and from_run["recipe"]["gates"]["max_kld_mean"] == 0.005
     assert snapshot(run) == before  # its recipe file was not rewritten through a hard link
     code, out, err = run_cli(capsys, "report", run, as_run, as_folder, "--format", "json")
     assert code == 0, err
@@ -146,7 +146,7 @@ def _shuffled_rows(model: Path, out: Path) -> Path:
 def test_a_corrupted_artifact_fails_the_gate_the_real_one_passes(
     tmp_path: Path, tiny_model: Path, capsys
 ) -> None:
-    """Negative control of the tiny recipe's gate: the real FP8 artifact passes max_kld 0.005
+    """Negative control of the tiny recipe's gate: the real FP8 artifact passes max_kld_mean 0.005
     (test_a_run_and_its_artifact_folder_reproduce_the_runs_own_figures); the tiny model with its
     matrices' rows shuffled scores KLD ~0.05 (top-1 ~95 %: a random model's logits are flat)
     and fails it, exit 1."""

@@ -26,7 +26,7 @@ def run_cli(capsys: pytest.CaptureFixture[str], *args: Any) -> tuple[int, str, s
 def base_run(
     tmp_path_factory: pytest.TempPathFactory, tiny_model: Path, session_cache: Path
 ) -> Iterator[Path]:
-    """One FP8-dynamic run of the tiny model (its recipe gates: max_kld 0.005)."""
+    """One FP8-dynamic run of the tiny model (its recipe gates: max_kld_mean 0.005)."""
     folder = tmp_path_factory.mktemp("gate-cli")
     recipe = write_tiny_recipe(folder, tiny_model, num_windows=6, batch_size=3)
     with pytest.MonkeyPatch.context() as patch:
@@ -123,7 +123,7 @@ def test_benchmark_metrics_when_present(run_a: Path, capsys) -> None:
 
 
 def test_gate_file_with_a_typo(run_a: Path, tmp_path: Path, capsys) -> None:
-    gates = _gate_file(tmp_path, "max_kld: 0.5\nmax_ppl_increse_pct: 5\n")
+    gates = _gate_file(tmp_path, "max_kld_mean: 0.5\nmax_ppl_increse_pct: 5\n")
     code, out, err = run_cli(capsys, "gate", run_a, "--gate-file", gates)
     assert code == 2 and out == ""
     assert "unknown field 'max_ppl_increse_pct'" in err
@@ -131,7 +131,7 @@ def test_gate_file_with_a_typo(run_a: Path, tmp_path: Path, capsys) -> None:
 
 
 def test_malformed_gate_file(run_a: Path, tmp_path: Path, capsys) -> None:
-    gates = _gate_file(tmp_path, "max_kld: 0.5\nmin_top1_pct: [90\n")
+    gates = _gate_file(tmp_path, "max_kld_mean: 0.5\nmin_top1_pct: [90\n")
     code, _, err = run_cli(capsys, "gate", run_a, "--gate-file", gates)
     assert code == 2 and "malformed YAML at line 3" in err and "hint: fix the YAML" in err
     code, _, err = run_cli(capsys, "gate", run_a, "--gate-file", tmp_path / "missing.yaml")
@@ -139,12 +139,12 @@ def test_malformed_gate_file(run_a: Path, tmp_path: Path, capsys) -> None:
 
 
 def test_precedence_flags_over_file_over_recipe(run_a: Path, tmp_path: Path, capsys) -> None:
-    # the recipe alone: max_kld 0.005 passes
+    # the recipe alone: max_kld_mean 0.005 passes
     code, out, _ = run_cli(capsys, "gate", run_a, "--format", "json")
     assert code == 0 and _checks(out)["kld_mean"]["source"] == "recipe"
     assert _checks(out)["kld_mean"]["threshold"] == 0.005
-    # the gate file overrides the recipe's max_kld and adds a threshold
-    gates = _gate_file(tmp_path, "max_kld: 1.0e-12\nmin_top1_pct: 10\n")
+    # the gate file overrides the recipe's max_kld_mean and adds a threshold
+    gates = _gate_file(tmp_path, "max_kld_mean: 1.0e-12\nmin_top1_pct: 10\n")
     code, out, _ = run_cli(capsys, "gate", run_a, "--gate-file", gates, "--format", "json")
     checks = _checks(out)
     assert (
@@ -157,7 +157,7 @@ def test_precedence_flags_over_file_over_recipe(run_a: Path, tmp_path: Path, cap
     assert code == 0 and checks["kld_mean"]["threshold"] == 10 and checks["kld_mean"]["source"] == "flag"
     assert checks["top1_agreement_pct"]["source"] == "gate-file"
     # an explicit null in the gate file clears the recipe's threshold
-    gates = _gate_file(tmp_path, "max_kld: null\nmin_top1_pct: 10\n")
+    gates = _gate_file(tmp_path, "max_kld_mean: null\nmin_top1_pct: 10\n")
     code, out, _ = run_cli(capsys, "gate", run_a, "--gate-file", gates, "--format", "json")
     assert code == 0 and set(_checks(out)) == {"top1_agreement_pct"}
 
@@ -165,7 +165,7 @@ def test_precedence_flags_over_file_over_recipe(run_a: Path, tmp_path: Path, cap
 def test_junit_and_markdown_over_two_runs_one_failing(
     run_a: Path, run_b: Path, tmp_path: Path, capsys
 ) -> None:
-    _edit_manifest(run_b, kld_mean=5.0)  # above the recipe's max_kld 0.005
+    _edit_manifest(run_b, kld_mean=5.0)  # above the recipe's max_kld_mean 0.005
     junit, md = tmp_path / "gate.xml", tmp_path / "gate.md"
     code, out, err = run_cli(
         capsys, "gate", run_a, run_b, "--min-top1", "1%", "--junit", junit, "--markdown", md

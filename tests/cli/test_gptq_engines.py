@@ -154,7 +154,7 @@ def test_gptqmodel_quantizes_gemma3_and_keeps_its_per_layer_type_rope(tmp_path: 
         "quantize", "gptq-w4a16-g128-gptqmodel", "--model", str(model), "--out", str(out),
         "--set", "options.group_size=32",
         "--set", "calibration.num_samples=4", "--set", "calibration.seq_len=64",
-        "--set", "eval.num_windows=2", "--set", "eval.seq_len=64", "--set", "gates.max_kld=null",
+        "--set", "eval.num_windows=2", "--set", "eval.seq_len=64", "--set", "gates.max_kld_mean=null",
         "--device", "cpu", "--no-bench", cwd=tmp_path,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-2000:]

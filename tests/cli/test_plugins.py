@@ -31,12 +31,35 @@ class PluginFP8Backend(FP8Backend):
     summary = "FP8 whose artifact runs in the plug-in's runtime"
     runtime = "plugin-hf"
 '''
+METRIC = '''
+"""A plug-in metric: the share of positions whose KLD exceeds 1e-4 nats, gated and reported."""
+
+from quantkit.metrics import GateBound, MetricInfo, WindowForm
+
+THRESHOLD = 1e-4
+
+
+def share(scores, baseline_ppl):
+    return 100.0 * float((scores.kld > THRESHOLD).mean())
+
+
+HIGH_KLD = MetricInfo(
+    "high_kld_pct", "%", False, False, "pct", "positions whose KLD exceeds 1e-4 nats",
+    stage="evaluate", compute=share, column="high-KLD %",
+    windows=WindowForm("high_kld_pct", lambda scores: 100.0 * (scores.kld > THRESHOLD).mean(-1)),
+    gate=GateBound("--max-high-kld", "max share of positions whose KLD exceeds 1e-4 nats, e.g. 5%",
+                   value="percent", ge=0, le=100),
+)
+'''
 ENTRY_POINTS = """
 [quantkit.backends]
 plugin-fp8 = quantkit_plugin_demo:PluginFP8Backend
 
 [quantkit.runtimes]
 plugin-hf = quantkit_plugin_demo:PluginRuntime
+
+[quantkit.metrics]
+high_kld_pct = quantkit_plugin_metric:HIGH_KLD
 """
 BENCH = ["--set", "bench.prompt_lengths=[16]", "--set", "bench.decode_tokens=4", "--set", "bench.repeats=1",
          "--set", "bench.batch_size=1"]  # fmt: skip
@@ -46,6 +69,7 @@ def install_plugin(site: Path) -> Path:
     """The plug-in as pip lays out an installed distribution: its module and its dist-info."""
     (site / "quantkit_plugin_demo.py").parent.mkdir(parents=True, exist_ok=True)
     (site / "quantkit_plugin_demo.py").write_text(PLUGIN)
+    (site / "quantkit_plugin_metric.py").write_text(METRIC)
     info = site / "quantkit_plugin_demo-0.1.dist-info"
     info.mkdir()
     (info / "METADATA").write_text("Metadata-Version: 2.1\nName: quantkit-plugin-demo\nVersion: 0.1\n")
@@ -79,6 +103,7 @@ def test_an_installed_plugin_backend_and_runtime_run_and_bench_end_to_end(
     assert manifest["bench"]["artifact"]["runtime"] == "plugin-hf"
     assert manifest["bench"]["artifact"]["decode_tok_s"] > 0
     assert 1e-6 < manifest["metrics"]["quantized"]["kld_mean"]["value"] < 0.005  # FP8, as the built-in
+    _the_plugin_metric_is_computed_gated_and_reported(out, site, session_cache)
     # negative control: without the package the method does not exist (exit 2, before any work)
     missing = quantkit("quantize", recipe, "--out", tmp_path / "none", site=None, cache=session_cache)
     assert missing.returncode == 2 and "unknown method 'plugin-fp8'" in missing.stderr, missing.stderr
@@ -102,3 +127,25 @@ def test_a_plugin_that_cannot_be_imported_is_one_error_naming_its_package(
         "needs a library it lacks" in broken.stderr
         and "hint: reinstall quantkit-plugin-demo" in broken.stderr
     )
+
+
+def _the_plugin_metric_is_computed_gated_and_reported(run: Path, site: Path, cache: Path) -> None:
+    """One registration (``HIGH_KLD``) gives a computed metric, its per-window series, a gate
+    field and flag with a bootstrap interval, and a report column."""
+    manifest = json.loads((run / "manifest.json").read_text())
+    value = manifest["metrics"]["quantized"]["high_kld_pct"]["value"]
+    assert 0 < value < 100  # FP8 moves some positions past 1e-4 nats, not all
+    series = json.loads((run / "eval_windows.json").read_text())["quantized"]["high_kld_pct"]
+    assert abs(sum(series) / len(series) - value) < 1e-9  # equal windows: their mean is the metric
+    args = ["--require-significance", "--format", "json"]
+    failed = quantkit("gate", run, "--max-high-kld", f"{value / 2}%", *args, site=site, cache=cache)
+    assert failed.returncode == 1, failed.stderr
+    check = next(c for c in json.loads(failed.stdout)["runs"][0]["checks"] if c["metric"] == "high_kld_pct")
+    assert check["field"] == "max_high_kld_pct" and check["interval"][0] <= value <= check["interval"][1]
+    passed = quantkit("gate", run, "--max-high-kld", "100%", *args, site=site, cache=cache)
+    assert passed.returncode == 0, passed.stderr
+    report = quantkit("report", run, "--format", "json", site=site, cache=cache)
+    assert "high_kld_pct" in json.loads(report.stdout)["columns"], report.stderr
+    # negative control: without the package there is no such flag (a usage error)
+    unknown = quantkit("gate", run, "--max-high-kld", "5%", site=None, cache=cache)
+    assert unknown.returncode == 2 and "No such option: --max-high-kld" in unknown.stderr, unknown.stderr

@@ -133,11 +133,11 @@ def test_plots_from_rows_use_speed_when_measured() -> None:
 def test_optional_columns_only_when_measured() -> None:
     with_speed, without = _synthetic(), _synthetic(speed=False)
     for row in with_speed.rows + without.rows:
-        assert {key for key, _ in table.OPTIONAL_COLUMNS} <= row.keys()
+        assert {key for key, _ in table.optional_columns()} <= row.keys()
     keys = [key for key, _ in with_speed.columns()]
     assert "decode_tok_s" in keys and "peak_memory_bytes" in keys and "cost_per_mtok_usd" not in keys
     assert with_speed.rows[0]["decode_tok_s"] == 20.0 and with_speed.rows[0]["decode_speed_ratio"] == 1.0
-    assert without.columns() == table.COLUMNS
+    assert without.columns() == table.fixed_columns()
     assert "decode tok/s" in render.to_markdown(with_speed)
     assert "decode tok/s" not in render.to_markdown(without)
     assert json.loads(render.to_json(with_speed))["columns"] == keys
@@ -274,7 +274,7 @@ def test_a_schema_1_run_still_loads_reports_and_gates(tmp_path: Path, capsys) ->
     rows = json.loads((tmp_path / "r.json").read_text())["rows"]
     assert [row["name"] for row in rows] == ["baseline", "tiny-fp8"]
     assert rows[1]["kld_mean"] == pytest.approx(4.0707636e-06) and rows[1]["task_recovery_pct"] == 100.0
-    assert run_cli(capsys, "gate", run)[0] == 0  # its recipe's max_kld 0.005
+    assert run_cli(capsys, "gate", run)[0] == 0  # its recipe's max_kld_mean 0.005
     code, out, _ = run_cli(capsys, "gate", run, "--max-kld", "1e-6", "--format", "json")
     assert code == 1 and json.loads(out)["passed"] is False
     assert json.loads((run / "manifest.json").read_text())["schema_version"] == 1  # read, not rewritten

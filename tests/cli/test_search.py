@@ -148,7 +148,7 @@ def test_a_gptq_search_chooses_a_mixed_recipe_that_quantize_reproduces(
     start, end = record["paths"][0]["bpw"]
     assert end < chosen["predicted_bpw"] < start  # a mix: some layers at W8, some at W4
     recipe = (out / "chosen-recipe.yaml").read_text()
-    assert "method: gptq" in recipe and "overrides:" in recipe and "max_kld: 0.0005" in recipe
+    assert "method: gptq" in recipe and "overrides:" in recipe and "max_kld_mean: 0.0005" in recipe
     rerun = tmp_path / "rerun"
     assert main(["quantize", str(out / "chosen-recipe.yaml"), "--out", str(rerun), "--no-bench"]) == 0
     manifest = json.loads((rerun / "manifest.json").read_text())

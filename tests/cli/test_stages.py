@@ -29,7 +29,7 @@ def test_eval_run_then_gate_judges_the_updated_recovery(tmp_path: Path, tiny_mod
     recipe = write_tiny_recipe(tmp_path, tiny_model)
     recipe.write_text(
         recipe.read_text().replace(
-            "gates: {max_kld: 0.005}", "gates: {max_kld: 0.005, min_task_recovery_pct: 50}"
+            "gates: {max_kld_mean: 0.005}", "gates: {max_kld_mean: 0.005, min_task_recovery_pct: 50}"
         )
     )
     run = tmp_path / "run"

@@ -165,7 +165,7 @@ def test_a_failing_run_does_not_stop_the_others(
 def test_gates_failing_in_a_sweep_exit_1(
     tiny_model: Path, capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
-    args = ["sweep", "rtn-w4a16-g64", "--model", tiny_model, *TINY, "--set", "gates.max_kld=0.00001"]
+    args = ["sweep", "rtn-w4a16-g64", "--model", tiny_model, *TINY, "--set", "gates.max_kld_mean=0.00001"]
     code, out, _err = run_cli(capsys, *args, "--no-bench", "--out", tmp_path / "gated", "--format", "json")
     assert code == 1
     data = json.loads(out)

@@ -22,7 +22,7 @@ def quantize(recipe: str, model: Path, out: Path, *extra: str) -> dict:
     code = main(["quantize", recipe, "--model", str(model), "--out", str(out), *TINY_BUDGET, *extra])
     manifest = json.loads((out / "manifest.json").read_text())
     # Every recipe here passes its own gate on the tiny model (KLD ~2e-5 to 2e-4 against
-    # max_kld 0.35); rtn has no gate. A run that fails its gate exits 1 and fails here.
+    # max_kld_mean 0.35); rtn has no gate. A run that fails its gate exits 1 and fails here.
     assert code == 0
     assert (manifest["gate"] and manifest["gate"]["passed"]) is (None if recipe.startswith("rtn") else True)
     return manifest

@@ -94,11 +94,11 @@ def test_an_implausible_artifact_fails_every_gate(
 ) -> None:
     out = tmp_path / "run"
     args = ["eval", "--baseline", str(smollm2), str(shuffled), "--out", str(out), *BUDGET]
-    assert main([*args, "--set", "gates.max_kld=1000"]) == 1  # the KLD bound passes; plausibility fails
+    assert main([*args, "--set", "gates.max_kld_mean=1000"]) == 1  # the KLD bound passes; plausibility fails
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["eval"]["baseline_check"] == "passed"
     checks = {(c["field"], c["metric"]): c for c in manifest["gate"]["checks"]}
-    assert checks[("max_kld", "kld_mean")]["passed"] is True
+    assert checks[("max_kld_mean", "kld_mean")]["passed"] is True
     assert checks[("plausibility", "ppl")]["passed"] is False
     assert checks[("plausibility", "top1_accuracy_pct")]["passed"] is False
     unigram = manifest["metrics"]["baseline"]["unigram_ppl"]["value"]

@@ -214,7 +214,7 @@ def test_a_gguf_with_one_user_defined_piece_retyped_is_refused_or_flagged(
     assert not (tmp_path / "refused").exists() and not (tmp_path / ".refused.partial").exists()
 
     out = tmp_path / "reported"
-    report = ["--set", "eval.tokenizer_check=report", "--set", "gates.max_kld=1"]
+    report = ["--set", "eval.tokenizer_check=report", "--set", "gates.max_kld_mean=1"]
     assert main([*args, *report, "--out", str(out)]) == 1
     printed = capsys.readouterr()
     assert "gate deployed_bpb_gap_pct = " in printed.err and "FAILED" in printed.err, printed.err

@@ -34,7 +34,7 @@ def runs(session_cache: Path, shared_runs: SharedRuns) -> dict[str, dict]:
     os.environ["QUANTKIT_CACHE"] = str(session_cache)
     manifests = {}
     for name, args in RUNS.items():
-        # every type passes its recipe gate on SmolLM2 (Q8_0: max_kld 0.01; 4-bit types: 0.2)
+        # every type passes its recipe gate on SmolLM2 (Q8_0: max_kld_mean 0.01; 4-bit types: 0.2)
         out, code = shared_runs.quantize(args[0], *E2E_BUDGET, *args[1:])
         assert code == 0
         manifests[name] = json.loads((out / "manifest.json").read_text()) | {"_path": str(out)}
@@ -360,7 +360,7 @@ def test_a_gguf_quantkit_did_not_make_sits_beside_its_runs(
     assert metric(q4_1, "top1_agreement_pct") > 90
     for name in ("kld_mean", "ppl", "top1_agreement_pct"):
         assert metric(q8_file_run, name) == metric(runs["q8_0"], name), name
-    assert q8_file_run["gate"]["passed"] is True  # the gguf-q8_0 recipe's gate (max_kld 0.01)
+    assert q8_file_run["gate"]["passed"] is True  # the gguf-q8_0 recipe's gate (max_kld_mean 0.01)
     assert main(["report", runs["q8_0"]["_path"], *map(str, outs.values()), "--format", "json"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert [group["runs"] for group in report["groups"]] == [3]

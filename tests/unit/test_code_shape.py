@@ -29,10 +29,11 @@ def _module_name(path: Path) -> str:
 
 def _is_cli_command(node: ast.FunctionDef | ast.AsyncFunctionDef) -> bool:
     """A Typer command callback (each command-line option is a parameter by Typer's design):
-    every parameter's default is a ``typer.Option``/``typer.Argument`` or a shared option."""
+    every parameter's default is a ``typer.Option``/``typer.Argument`` or a shared option (a
+    ``**kwargs`` takes options generated from a registry, e.g. ``quantkit gate``'s thresholds)."""
     args = node.args
     defaults = [*args.defaults, *(d for d in args.kw_defaults if d is not None)]
-    if len(defaults) != len(_params(node)) or not defaults:
+    if len(defaults) != len(_params(node)) - (args.kwarg is not None) or not defaults:
         return False
 
     def is_option(default: ast.expr) -> bool:

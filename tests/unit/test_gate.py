@@ -10,10 +10,10 @@ import pytest
 
 from quantkit.errors import RecipeError, RunNotFoundError
 from quantkit.gate import (
-    GATE_FIELDS,
     Check,
     GateResult,
     evaluate_gate,
+    gate_fields,
     load_gate_file,
     load_windows,
     resolve_spec,
@@ -27,14 +27,14 @@ from quantkit.window_scores import WindowScores
 
 def test_all_hold() -> None:
     result = evaluate_gate(
-        GateSpec(max_kld=0.1, min_top1_pct=80), {"kld_mean": 0.05, "top1_agreement_pct": 90.0}
+        GateSpec(max_kld_mean=0.1, min_top1_agreement_pct=80), {"kld_mean": 0.05, "top1_agreement_pct": 90.0}
     )
     assert result.passed and len(result.checks) == 2
 
 
 def test_one_fails_and_is_named() -> None:
     result = evaluate_gate(
-        GateSpec(max_kld=0.01, max_ppl_increase_pct=5), {"kld_mean": 0.05, "ppl_increase_pct": 1.0}
+        GateSpec(max_kld_mean=0.01, max_ppl_increase_pct=5), {"kld_mean": 0.05, "ppl_increase_pct": 1.0}
     )
     assert not result.passed
     assert [check.metric for check in result.failures] == ["kld_mean"]
@@ -48,12 +48,12 @@ def test_missing_metric_fails() -> None:
 
 
 def test_nan_metric_fails() -> None:
-    assert not evaluate_gate(GateSpec(max_kld=1.0), {"kld_mean": float("nan")}).passed
+    assert not evaluate_gate(GateSpec(max_kld_mean=1.0), {"kld_mean": float("nan")}).passed
 
 
 def test_boundary_values_pass() -> None:
     assert evaluate_gate(
-        GateSpec(max_kld=0.05, min_top1_pct=90), {"kld_mean": 0.05, "top1_agreement_pct": 90.0}
+        GateSpec(max_kld_mean=0.05, min_top1_agreement_pct=90), {"kld_mean": 0.05, "top1_agreement_pct": 90.0}
     ).passed
 
 
@@ -77,7 +77,7 @@ def test_benchmark_thresholds() -> None:
     }
     result = evaluate_gate(spec, metrics)
     assert len(result.checks) == 5
-    assert [check.metric for check in result.failures] == ["prefill_speed_ratio", "peak_memory_bytes"]
+    assert [check.metric for check in result.failures] == ["peak_memory_bytes", "prefill_speed_ratio"]
 
 
 def test_missing_benchmark_metric_fails_naming_it() -> None:
@@ -88,10 +88,11 @@ def test_missing_benchmark_metric_fails_naming_it() -> None:
 
 
 def test_every_gate_field_bounds_a_registered_metric_in_its_direction() -> None:
-    for field, (metric, kind) in GATE_FIELDS.items():
+    for field, (metric, kind) in gate_fields().items():
         info = metric_info(metric)  # unit, direction and relative/absolute come from the registry
         assert kind == ("min" if info.higher_is_better else "max") == field[:3], field
-    assert set(GATE_FIELDS) == {name for name in GateSpec.model_fields if name.startswith(("max_", "min_"))}
+        assert field == f"{kind}_{metric}"  # named after the metric it bounds
+    assert set(gate_fields()) == {name for name in GateSpec.model_fields if name.startswith(("max_", "min_"))}
     assert metric_info("ppl_increase_pct").relative and not metric_info("kld_mean").relative
 
 
@@ -109,19 +110,28 @@ def test_old_checks_and_results_still_construct_positionally() -> None:
 def test_layers_override_field_by_field() -> None:
     spec, sources = resolve_spec(
         [
-            ("recipe", {"max_kld": 0.1, "max_ppl_increase_pct": 5.0, "min_top1_pct": None}),
-            ("gate-file", {"max_kld": 0.05, "min_top1_pct": 90.0, "max_ppl_increase_pct": None}),
-            ("flag", {"max_kld": 0.5, "require_significance": True}),
+            ("recipe", {"max_kld_mean": 0.1, "max_ppl_increase_pct": 5.0, "min_top1_agreement_pct": None}),
+            (
+                "gate-file",
+                {"max_kld_mean": 0.05, "min_top1_agreement_pct": 90.0, "max_ppl_increase_pct": None},
+            ),
+            ("flag", {"max_kld_mean": 0.5, "require_significance": True}),
         ]
     )
-    assert spec.max_kld == 0.5 and spec.min_top1_pct == 90.0 and spec.max_ppl_increase_pct is None
+    assert (
+        spec.max_kld_mean == 0.5 and spec.min_top1_agreement_pct == 90.0 and spec.max_ppl_increase_pct is None
+    )
     assert spec.require_significance is True
-    assert sources == {"max_kld": "flag", "min_top1_pct": "gate-file", "require_significance": "flag"}
+    assert sources == {
+        "max_kld_mean": "flag",
+        "min_top1_agreement_pct": "gate-file",
+        "require_significance": "flag",
+    }
 
 
 def test_layers_are_validated() -> None:
     with pytest.raises(RecipeError, match="confidence"):
-        resolve_spec([("flag", {"confidence": 1.5, "max_kld": 1.0})])
+        resolve_spec([("flag", {"confidence": 1.5, "max_kld_mean": 1.0})])
 
 
 def _gate_file(tmp_path: Path, text: str) -> Path:
@@ -132,28 +142,28 @@ def _gate_file(tmp_path: Path, text: str) -> Path:
 
 def test_gate_file_sets_only_what_it_names(tmp_path: Path) -> None:
     spec = load_gate_file(
-        _gate_file(tmp_path, "max_kld: 0.05\nmin_top1_pct: null\nrequire_significance: true\n")
+        _gate_file(tmp_path, "max_kld_mean: 0.05\nmin_top1_pct: null\nrequire_significance: true\n")
     )
-    assert spec.max_kld == 0.05 and spec.require_significance
-    assert spec.model_fields_set == {"max_kld", "min_top1_pct", "require_significance"}
+    assert spec.max_kld_mean == 0.05 and spec.require_significance
+    assert spec.model_fields_set == {"max_kld_mean", "min_top1_agreement_pct", "require_significance"}
 
 
 def test_gate_file_may_wrap_fields_in_gates(tmp_path: Path) -> None:
-    assert load_gate_file(_gate_file(tmp_path, "gates:\n  max_kld: 0.1\n")).max_kld == 0.1
+    assert load_gate_file(_gate_file(tmp_path, "gates:\n  max_kld_mean: 0.1\n")).max_kld_mean == 0.1
     with pytest.raises(RecipeError) as err:
-        load_gate_file(_gate_file(tmp_path, "gates:\n  max_kdl: 0.1\n"))
-    assert "gates.max_kdl" in err.value.message and "max_kld" in err.value.hint
+        load_gate_file(_gate_file(tmp_path, "gates:\n  max_kdl_mean: 0.1\n"))
+    assert "gates.max_kdl_mean" in err.value.message and "max_kld_mean" in err.value.hint
 
 
 @pytest.mark.parametrize(
     ("text", "message", "hint"),
     [
-        ("max_kdl: 0.1\n", "unknown field 'max_kdl'", "did you mean 'max_kld'?"),
-        ("min_top1: 90\n", "unknown field 'min_top1'", "did you mean 'min_top1_pct'?"),
-        ("max_kld: [0.1\n", "malformed YAML at line 2", "fix the YAML"),
-        ("max_kld: -1\n", "invalid value for 'max_kld'", "gate file"),
-        ("", "gate file is empty", "max_kld"),
-        ("- max_kld: 1\n", "must be a YAML mapping", "max_kld"),
+        ("max_kdl_mean: 0.1\n", "unknown field 'max_kdl_mean'", "did you mean 'max_kld_mean'?"),
+        ("min_top1: 90\n", "unknown field 'min_top1'", "did you mean 'min_top1_agreement_pct'?"),
+        ("max_kld_mean: [0.1\n", "malformed YAML at line 2", "fix the YAML"),
+        ("max_kld_mean: -1\n", "invalid value for 'max_kld_mean'", "gate file"),
+        ("", "gate file is empty", "max_kld_mean"),
+        ("- max_kld_mean: 1\n", "must be a YAML mapping", "max_kld_mean"),
         ("a: &x 1\nmax_kld: *x\n", "aliases", "fix the YAML"),
     ],
 )
@@ -202,7 +212,7 @@ def _metrics(windows: dict[str, Any]) -> dict[str, float]:
 def test_intervals_are_recorded_without_changing_point_verdicts() -> None:
     windows = _windows(shift=0.01)
     result = evaluate_gate(
-        GateSpec(max_kld=0.0101, max_ppl_increase_pct=0.9), _metrics(windows), typed(windows)
+        GateSpec(max_kld_mean=0.0101, max_ppl_increase_pct=0.9), _metrics(windows), typed(windows)
     )
     by_metric = {check.metric: check for check in result.checks}
     low, high = by_metric["ppl_increase_pct"].interval or [0, 0]
@@ -233,7 +243,7 @@ def test_significance_on_min_checks() -> None:
     metrics = _metrics(windows)
 
     def verdict(threshold: float) -> str:
-        spec = GateSpec(min_top1_pct=threshold, require_significance=True)
+        spec = GateSpec(min_top1_agreement_pct=threshold, require_significance=True)
         return evaluate_gate(spec, metrics, typed(windows)).checks[0].verdict
 
     assert verdict(80) == "pass" and verdict(95) == "fail" and verdict(90.0) == "inconclusive"
@@ -250,7 +260,7 @@ def test_checks_without_an_interval_use_the_point_value() -> None:
 
 
 def test_required_significance_without_windows_is_noted() -> None:
-    result = evaluate_gate(GateSpec(max_kld=1.0, require_significance=True), {"kld_mean": 0.5})
+    result = evaluate_gate(GateSpec(max_kld_mean=1.0, require_significance=True), {"kld_mean": 0.5})
     assert result.passed and result.checks[0].interval is None
     assert "no per-window scores" in result.notes[0]
 
@@ -258,7 +268,7 @@ def test_required_significance_without_windows_is_noted() -> None:
 def test_too_few_windows_are_noted_not_fatal() -> None:
     windows = _windows(shift=0.0, n=1)
     result = evaluate_gate(
-        GateSpec(max_kld=1.0, require_significance=True), _metrics(windows), typed(windows)
+        GateSpec(max_kld_mean=1.0, require_significance=True), _metrics(windows), typed(windows)
     )
     assert result.passed and any("at least 2 windows" in note for note in result.notes)
 
@@ -280,8 +290,10 @@ def test_load_windows(tmp_path: Path) -> None:
 def _two_results() -> list[tuple[str, GateResult]]:
     windows = _windows(shift=0.01)
     metrics = _metrics(windows)
-    good = evaluate_gate(GateSpec(max_kld=1.0, max_ppl_increase_pct=5), metrics, typed(windows))
-    bad = evaluate_gate(GateSpec(max_kld=0.001, min_decode_speed_ratio=1.0, min_top1_pct=10), metrics)
+    good = evaluate_gate(GateSpec(max_kld_mean=1.0, max_ppl_increase_pct=5), metrics, typed(windows))
+    bad = evaluate_gate(
+        GateSpec(max_kld_mean=0.001, min_decode_speed_ratio=1.0, min_top1_agreement_pct=10), metrics
+    )
     return [("runs/good", good), ("runs/a|b", bad)]
 
 
@@ -310,3 +322,30 @@ def test_markdown_table() -> None:
     assert "`runs/a\\|b`" in text  # pipes escaped
     assert "❌ FAIL (missing)" in text and "≤ +5.00%" in text  # the metric registry's format
     assert "95% bootstrap intervals over 20 eval windows" in text
+
+
+def test_old_gate_field_names_still_read_with_a_note() -> None:
+    """Gate fields are named after the metric they bound; recipes and gate files of before
+    (``max_kld``, ``min_top1_pct``, the served ``max_ttft_p95``) still work and say so."""
+    spec = GateSpec.model_validate({"max_kld": 0.1, "min_top1_pct": 90, "max_ttft_p95": 0.8})
+    assert spec.thresholds() == {
+        "max_kld_mean": 0.1,
+        "min_top1_agreement_pct": 90.0,
+        "max_serve_ttft_p95_s": 0.8,
+    }
+    assert spec.deprecation_notes() == [
+        "gate field 'max_kld' is now 'max_kld_mean' (the old name still works)",
+        "gate field 'min_top1_pct' is now 'min_top1_agreement_pct' (the old name still works)",
+        "gate field 'max_ttft_p95' is now 'max_serve_ttft_p95_s' (the old name still works)",
+    ]
+    assert GateSpec.model_validate({"max_kld_mean": 0.1}).deprecation_notes() == []
+    assert [c.field for c in evaluate_gate(spec, {"kld_mean": 0.2}).checks][:1] == ["max_kld_mean"]
+
+
+def test_docs_metric_table_is_made_from_the_registry() -> None:
+    from quantkit.metrics.table import markdown
+
+    docs = Path(__file__).parents[2] / "docs" / "metrics.md"
+    assert docs.read_text(encoding="utf-8") == markdown(), (
+        "run: python -m quantkit.metrics.table > docs/metrics.md"
+    )

@@ -84,14 +84,14 @@ def test_the_artifact_is_judged_only_against_a_plausible_baseline() -> None:
 
 def test_every_gate_fails_an_implausible_artifact() -> None:
     quantized = {"ppl": 5e5, "top1_accuracy_pct": 0.0, "tokens": 2040.0, "kld_mean": 0.01}
-    result = evaluate_gate(GateSpec(max_kld=0.05), quantized, None, artifact_check(BASELINE, quantized))
+    result = evaluate_gate(GateSpec(max_kld_mean=0.05), quantized, None, artifact_check(BASELINE, quantized))
     assert not result.passed
     assert [(c.metric, c.verdict, c.field) for c in result.checks] == [
-        ("kld_mean", "pass", "max_kld"),
+        ("kld_mean", "pass", "max_kld_mean"),
         ("ppl", "fail", "plausibility"),
         ("top1_accuracy_pct", "fail", "plausibility"),
     ]
     assert result.checks[1].describe() == "ppl = 500000 (required <= 258.8): FAILED"
     assert result.checks[1].source == "unigram ppl of the eval tokens"
     fine = {"ppl": 21.0, "top1_accuracy_pct": 42.0, "tokens": 2040.0, "kld_mean": 0.01}
-    assert evaluate_gate(GateSpec(max_kld=0.05), fine, None, artifact_check(BASELINE, fine)).passed
+    assert evaluate_gate(GateSpec(max_kld_mean=0.05), fine, None, artifact_check(BASELINE, fine)).passed

@@ -41,7 +41,7 @@ recipes:
     grid: {options.group_size: [32, 64]}
 models: [smollm2-135m, ./other]
 eval: {num_windows: 4, seq_len: 128}
-gates: {max_kld: 0.5}
+gates: {max_kld_mean: 0.5}
 device: cpu
 """,
         encoding="utf-8",
@@ -59,7 +59,7 @@ device: cpu
     assert [run.model for run in runs] == ["smollm2-135m"] * 3 + ["./other"] * 3
     for run in runs:
         assert (run.recipe.eval.num_windows, run.recipe.eval.seq_len) == (4, 128)
-        assert run.recipe.gates.max_kld == 0.5 and run.recipe.device == "cpu"
+        assert run.recipe.gates.max_kld_mean == 0.5 and run.recipe.device == "cpu"
     # adding a recipe keeps the ids of the others (a rerun finds their folders)
     spec2 = spec.model_copy(
         update={"recipes": [*spec.recipes[:1], *spec_from_command([str(path)], SweepFlags()).recipes]}

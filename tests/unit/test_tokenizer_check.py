@@ -119,7 +119,7 @@ def test_every_gate_fails_an_artifact_flagged_by_its_own_tokenization() -> None:
     negative control) and one within it passes; runs without the score get no check."""
     good = {"kld_mean": 0.01, "deployed_bpb_gap_pct": 0.4, "deployed_bpb_noise_pct": 1.0}
     bad = good | {"deployed_bpb_gap_pct": 38.2}
-    spec = GateSpec(max_kld=0.05)
+    spec = GateSpec(max_kld_mean=0.05)
     assert evaluate_gate(spec, good).passed
     verdict = evaluate_gate(spec, bad)
     assert not verdict.passed and [c.field for c in verdict.failures] == ["tokenization"]
