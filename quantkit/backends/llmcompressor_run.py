@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
@@ -25,9 +24,6 @@ if TYPE_CHECKING:
     OneshotRecipe = Modifier | list[Modifier]
 
 
-_LAYER = re.compile(r"\blayers\.(\d+)(?:\.|$)")
-
-
 def _calibration_dataset(windows: TokenWindows) -> Dataset:
     from datasets import Dataset
 
@@ -35,8 +31,8 @@ def _calibration_dataset(windows: TokenWindows) -> Dataset:
     return Dataset.from_dict({"input_ids": ids, "attention_mask": [[1] * len(r) for r in ids]})
 
 
-# llm-compressor has no public hook for per-layer progress and per-module losses; the three
-# methods _llmcompressor_hooks wraps are those of these releases (pyproject pins 0.14.0.1)
+# llm-compressor has no public hook for per-module losses; the two methods
+# _llmcompressor_hooks wraps are those of these releases (pyproject pins 0.14.0.1)
 PATCHED_FOR = "0.14"
 
 
@@ -66,34 +62,28 @@ def _patched(owner: type, attribute: str, replacement: object) -> Iterator[None]
 
 @contextmanager
 def _llmcompressor_hooks(job: QuantizeJob, model: torch.nn.Module) -> Iterator[list[JsonValue]]:
-    """Per-layer progress and per-module errors from llm-compressor's own objects, not its logs.
+    """Per-module errors from llm-compressor's own objects, not its logs, by the two patches
+    :func:`_patched` checks (per-layer progress needs none: llmcompressor_observer.py).
 
-    - progress: the sequential pipeline's lifecycle callback ``sequential_epoch_end(modules)``
-      fires once per decoder layer with that layer's modules;
-    - GPTQ: each module's Hessian loss goes through ``CompressionLogger.set_results`` (the
-      log line rounds it to two decimals; this keeps the float);
-    - AWQ: the modifier's per-mapping ``_error_metrics`` are read when it logs them at
-      finalize, just before it clears them.
+    No lifecycle event carries a loss, and the losses are no modifier's public state:
+    - GPTQ: ``GPTQModifier.compress_module_list`` (modifiers/gptq/base.py) keeps each module's
+      Hessian loss in a local and hands it only to ``CompressionLogger.set_results``
+      (utils/metric_logging.py), whose log line rounds it to two decimals; this keeps the float;
+    - AWQ: ``AWQModifier._apply_smoothing`` (modifiers/transform/awq/base.py) appends to the
+      private ``_error_metrics``, read here when ``on_finalize`` logs them through
+      ``_log_error_metrics``, just before it clears them.
     Its loguru output goes to the run's ``library.log`` (stderr with ``--verbose``).
     """
     import sys
 
-    from llmcompressor.core import LifecycleCallbacks
     from llmcompressor.modifiers.transform.awq import AWQModifier
     from llmcompressor.utils.metric_logging import CompressionLogger
     from loguru import logger
 
     names = {id(module): name for name, module in model.named_modules()}
     errors: list[JsonValue] = []
-    epoch_end = LifecycleCallbacks.__dict__["sequential_epoch_end"].__func__
     set_results = CompressionLogger.set_results
     log_awq = AWQModifier._log_error_metrics
-
-    def on_epoch_end(cls: type, modules: list[torch.nn.Module], **kwargs: object) -> object:
-        layers = [int(m.group(1)) for m in (_LAYER.search(names.get(id(x), "")) for x in modules) if m]
-        if layers:
-            job.on_layer(max(layers))
-        return epoch_end(cls, modules, **kwargs)
 
     def on_results(self: CompressionLogger, name: str | None = None, loss: float | None = None) -> None:
         set_results(self, name=name, loss=loss)
@@ -117,7 +107,6 @@ def _llmcompressor_hooks(job: QuantizeJob, model: torch.nn.Module) -> Iterator[l
         logger.add(sys.stderr, level="INFO")
     # without -v its log goes to the run's library.log (quantkit.library_log configured it)
     with (
-        _patched(LifecycleCallbacks, "sequential_epoch_end", classmethod(on_epoch_end)),
         _patched(CompressionLogger, "set_results", on_results),
         _patched(AWQModifier, "_log_error_metrics", on_awq_metrics),
     ):
@@ -255,6 +244,8 @@ def oneshot_in_place(
     import torch
     from llmcompressor import oneshot
 
+    from quantkit.backends.llmcompressor_observer import layer_progress
+
     kwargs: dict[str, Any] = {}
     if calibration is not None:
         kwargs = {
@@ -265,7 +256,12 @@ def oneshot_in_place(
         }
     names = [type(m).__name__ for m in (recipe if isinstance(recipe, list) else [recipe])]
     job.log(f"running llm-compressor oneshot ({' + '.join(names)})")
-    with torch.random.fork_rng(devices=[]), _cpu_only_compat(), _llmcompressor_hooks(job, model) as errors:
+    with (
+        torch.random.fork_rng(devices=[]),
+        _cpu_only_compat(),
+        _llmcompressor_hooks(job, model) as errors,
+        layer_progress(model, job.on_layer),
+    ):
         torch.manual_seed(job.seed)  # the run's seed, without changing the caller's RNG state
         try:
             oneshot(model=model, recipe=recipe, **kwargs)
