@@ -1,5 +1,5 @@
-"""quantkit wraps three llm-compressor methods for per-layer progress and losses (it has no
-public hook for them): on another release, or where a method is gone, the run is refused
+"""quantkit wraps two llm-compressor methods for per-module losses (it has no public hook for
+them; per-layer progress comes from forward pre-hooks): on another release, or where a method is gone, the run is refused
 loudly instead of patched wrongly."""
 
 from __future__ import annotations
