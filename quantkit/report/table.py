@@ -132,6 +132,7 @@ def _baseline_row(record: RunRecord, index: int) -> Row:
         "file_bpw": round(8 * manifest.model.disk_bytes / params, 3) if params else None,
         "disk_bytes": manifest.model.disk_bytes,
         "quantize_s": None,
+        "convert_s": None,
         "model": manifest.model.spec,
         "group": index,
     }
