@@ -538,10 +538,13 @@ def gptq_on_shape(plan: Plan, shape: str, deadline: float) -> Record:
     ends: list[float] = []
 
     def watch(index: int) -> None:
-        """Stop when past the deadline, or when the layers left, at the pace of those after
-        the first (which also pays for caching the calibration inputs), would end past it."""
+        """Layer ``index`` starts (``QuantizeJob.on_layer``), so ``index`` layers are done. Stop
+        when past the deadline, or when the layers left, at the pace of those after the first
+        (which also pays for caching the calibration inputs), would end past it."""
+        done = index
+        if done == 0:
+            return
         ends.append(time.perf_counter())
-        done = index + 1
         if done >= layers:
             return
         pace = (ends[-1] - ends[0]) / (len(ends) - 1) if len(ends) > 1 else ends[0] - began

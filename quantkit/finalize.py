@@ -28,15 +28,6 @@ from quantkit.manifest import (
     with_info,
 )
 from quantkit.serving.record import cost_per_task
-from quantkit.stages.results import (
-    BenchResult,
-    EvaluateResult,
-    QuantizeResult,
-    ReferenceResult,
-    ServeBenchResult,
-    ServeEvalResult,
-    StageResult,
-)
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -77,53 +68,54 @@ def model_info(source: ModelSource) -> ModelInfo:
 
 
 def _metrics(ctx: RunContext) -> tuple[dict[str, float], dict[str, float]]:
-    """(baseline, quantized) metric values from every stage that ran."""
-    from quantkit.evals.lm_eval_runner import recovery_metrics
-
-    results = ctx.results
-    baseline = dict(results.require("reference", ReferenceResult).baseline)
-    evaluation = results.require("evaluate", EvaluateResult)
-    quantized = dict(evaluation.metrics)
-    if evaluation.deployment is not None:  # bits per byte: the baseline's on the same text
-        baseline["bpb"] = evaluation.deployment.baseline_bpb
-    recovered: dict[str, float] = {}
-    for entry in results.lm_eval():
-        recovered |= entry.recovered
-    quantized |= recovery_metrics(recovered)
-    bench = results.get("bench", BenchResult)
-    if bench is not None:
-        baseline |= bench.baseline
-        quantized |= bench.artifact
-    serve = results.get("serve_bench", ServeBenchResult)
-    if serve is not None:
-        baseline |= serve.baseline
-        quantized |= serve.artifact | cost_per_task(quantized | serve.artifact)
-    served = results.get("serve_eval", ServeEvalResult)
-    if served is not None:
-        quantized |= served.quality.metrics
-    return baseline, quantized
+    """(baseline, quantized) metric values from every stage that ran, and those derived from
+    several stages' (the mean task recovery, the served cost of a successful task)."""
+    baseline: dict[str, float] = {}
+    quantized: dict[str, float] = {}
+    for _, result in ctx.results.items():
+        sides = result.metric_values()
+        baseline |= sides.baseline
+        quantized |= sides.artifact
+    tasks = [value for name, value in quantized.items() if name.startswith("task_recovery_pct:")]
+    if tasks:
+        quantized["task_recovery_pct"] = sum(tasks) / len(tasks)
+    return baseline, quantized | cost_per_task(quantized)
 
 
 def _timings(ctx: RunContext, header: RunHeader) -> dict[str, float]:
-    results = ctx.results
+    """The header's timings plus each stage's (summed where several stages share a key)."""
     timings = dict(header.timings)
-    reference = results.require("reference", ReferenceResult)
-    if reference.seconds is not None and not reference.cached:
-        timings["reference_s"] = reference.seconds
-    pairs: list[tuple[str, StageResult | None]] = [
-        ("quantize_s", results.get("quantize", QuantizeResult)),
-        ("eval_s", results.get("evaluate", EvaluateResult)),
-        ("bench_s", results.get("bench", BenchResult)),
-        ("serve_bench_s", results.get("serve_bench", ServeBenchResult)),
-        ("serve_eval_s", results.get("serve_eval", ServeEvalResult)),
-    ]
-    for key, result in pairs:
-        if result is not None and result.seconds is not None:
-            timings[key] = result.seconds
-    entries = results.lm_eval()
-    if entries:
-        timings["lm_eval_s"] = round(sum(entry.seconds or 0.0 for entry in entries), 3)
-    return timings
+    stages: dict[str, float] = {}
+    for _, result in ctx.results.items():
+        for key, seconds in result.timings().items():
+            stages[key] = stages.get(key, 0.0) + seconds
+    return timings | {key: round(seconds, 3) for key, seconds in stages.items()}
+
+
+def _stage_fields(ctx: RunContext) -> dict[str, object]:
+    """The manifest fields the stages fill, merged: mappings key by key, lists in stage order."""
+    merged: dict[str, object] = {}
+    for _, result in ctx.results.items():
+        for key, value in result.manifest_fields().items():
+            earlier = merged.get(key)
+            if isinstance(earlier, dict) and isinstance(value, dict):
+                merged[key] = earlier | value
+            elif isinstance(earlier, list) and isinstance(value, list):
+                merged[key] = earlier + value
+            else:
+                merged[key] = value
+    return merged
+
+
+def _stage_records(ctx: RunContext) -> dict[str, StageRecord]:
+    """Every stage's record: the journal's completion and checksums, and its result (a stage
+    that failed without failing the run has a result and no completion)."""
+    checksums = ctx.journal.checksums()
+    records = {name: StageRecord.model_validate(record) for name, record in checksums.items()}
+    for name, result in ctx.results.items():
+        record = records.setdefault(name, StageRecord())
+        record.result = result.model_dump(mode="json")
+    return records
 
 
 def gate_verdict(ctx: RunContext) -> GateResult | None:
@@ -134,7 +126,7 @@ def gate_verdict(ctx: RunContext) -> GateResult | None:
     if ctx.recipe.gates.is_empty():
         return None
     baseline, quantized = _metrics(ctx)
-    windows = ctx.results.require("evaluate", EvaluateResult).window_scores
+    windows = ctx.results.window_scores()
     return evaluate_gate(ctx.recipe.gates, dict(quantized), windows, artifact_check(baseline, quantized))
 
 
@@ -145,61 +137,53 @@ def _baseline_check(baseline: dict[str, float]) -> str | None:
     return None if check is None else check.verdict()
 
 
+def _eval_info(ctx: RunContext, header: RunHeader, found: object, baseline: dict[str, float]) -> EvalInfo:
+    """The eval section: the windows, the recipe's eval settings and what the stages recorded."""
+    recorded = dict(found) if isinstance(found, dict) else {}
+    sampled = recorded.get("kld_estimator") == "sampled-tail"
+    return EvalInfo.model_validate(
+        header.eval_windows.model_dump()
+        | {
+            "top_k": ctx.recipe.eval.top_k,
+            "tail_samples": ctx.recipe.eval.tail_samples if sampled else 0,
+            "score": ctx.recipe.eval.score,
+            "baseline_check": _baseline_check(baseline),
+        }
+        | recorded
+    )
+
+
 def build_manifest(ctx: RunContext, header: RunHeader) -> Manifest:
     """The manifest of the run in ``ctx`` after its stages."""
-    results = ctx.results
-    reference = results.require("reference", ReferenceResult)
-    evaluation = results.require("evaluate", EvaluateResult)
-    bench = results.get("bench", BenchResult)
-    serve = results.get("serve_bench", ServeBenchResult)
-    served = results.get("serve_eval", ServeEvalResult)
-    lm_entries = results.lm_eval()
     baseline, quantized = _metrics(ctx)
+    fields = _stage_fields(ctx)
     dtype = ctx.dtype  # resolved: what the reference was computed in
     calibration = header.calibration
-    return Manifest(
-        schema_version=MANIFEST_SCHEMA,
-        status="complete",
-        kind=ctx.backend.run_kind,
-        run_id=header.run_id,
-        name=header.name,
-        created=header.created,
-        quantkit_version=__version__,
-        recipe=ctx.recipe,
-        model=model_info(ctx.source),
-        device=ctx.device,
-        seeds=Seeds(
-            run=ctx.recipe.seed,
-            calibration=None
-            if calibration is None or ctx.recipe.calibration is None
-            else ctx.recipe.calibration.seed,
-        ),
-        calibration=calibration,
-        eval=EvalInfo(
-            **header.eval_windows.model_dump(),
-            top_k=ctx.recipe.eval.top_k,
-            reference_key=reference.key,
-            reference_cached=reference.cached,
-            runtime=evaluation.runtime,
-            tail_samples=ctx.recipe.eval.tail_samples if evaluation.kld_estimator == "sampled-tail" else 0,
-            kld_estimator=evaluation.kld_estimator,
-            score=ctx.recipe.eval.score,
-            baseline_check=_baseline_check(baseline),
-            tokenizer_check=evaluation.tokenizer_check,
-            deployment=evaluation.deployment,
-        ),
-        baseline=BaselineInfo(dtype=dtype, weight_bits=dtype_bits(dtype)),
-        artifact=results.require("quantize", QuantizeResult).artifact,
-        metrics=MetricsRecord(baseline=with_info(baseline), quantized=with_info(quantized)),
-        gate=gate_verdict(ctx),
-        bench=None if bench is None else bench.section,
-        lm_eval=[entry.section for entry in lm_entries] or None,
-        serve=None if serve is None else serve.section,
-        served_quality=None if served is None else served.quality,
-        timings=_timings(ctx, header),
-        stages={name: StageRecord.model_validate(record) for name, record in ctx.journal.checksums().items()},
-        resume=header.resume,
-        environment=header.environment,
+    calibration_seed = ctx.recipe.calibration.seed if calibration and ctx.recipe.calibration else None
+    return Manifest.model_validate(
+        fields
+        | {
+            "schema_version": MANIFEST_SCHEMA,
+            "status": "complete",
+            "kind": ctx.backend.run_kind,
+            "run_id": header.run_id,
+            "name": header.name,
+            "created": header.created,
+            "quantkit_version": __version__,
+            "recipe": ctx.recipe,
+            "model": model_info(ctx.source),
+            "device": ctx.device,
+            "seeds": Seeds(run=ctx.recipe.seed, calibration=calibration_seed),
+            "calibration": calibration,
+            "eval": _eval_info(ctx, header, fields.get("eval"), baseline),
+            "baseline": BaselineInfo(dtype=dtype, weight_bits=dtype_bits(dtype)),
+            "metrics": MetricsRecord(baseline=with_info(baseline), quantized=with_info(quantized)),
+            "gate": gate_verdict(ctx),
+            "timings": _timings(ctx, header),
+            "stages": _stage_records(ctx),
+            "resume": header.resume,
+            "environment": header.environment,
+        }
     )
 
 
@@ -209,7 +193,7 @@ def write_run_files(ctx: RunContext, manifest: Manifest) -> list[Path]:
     from quantkit.store import RunRecord
 
     run = ctx.run
-    windows = ctx.results.require("evaluate", EvaluateResult).window_scores
+    windows = ctx.results.window_scores()
     written = [
         run.write_text("recipe.yaml", ctx.recipe.to_yaml()),
         run.write_json("eval_windows.json", windows.model_dump(mode="json")),

@@ -19,8 +19,8 @@ from quantkit.recipe import Recipe
 from quantkit.serving.record import ServedQuality, ServeSection
 from quantkit.specs import LmEvalSpec, RunKind
 
-MANIFEST_SCHEMA = 2
-READABLE_SCHEMAS = (1, 2)
+MANIFEST_SCHEMA = 3  # 3: each stage's typed result in its stage record
+READABLE_SCHEMAS = (1, 2, 3)
 
 
 class Record(BaseModel):
@@ -35,10 +35,13 @@ class FileChecksum(Record):
 
 
 class StageRecord(Record):
-    """A completed stage: when, and the size and sha256 of each file it produced."""
+    """A stage of the run: when it completed (None: it failed without failing the run, e.g. a
+    bench that could not run), the size and sha256 of each file it produced, and its result in
+    its stage's own model (``Stage.result_type``; schema 3)."""
 
     completed: str | None = None
     files: dict[str, FileChecksum] = Field(default_factory=dict)
+    result: dict[str, JsonValue] | None = None
 
 
 class ModelInfo(Record):

@@ -78,18 +78,13 @@ class RunResult:
 
 
 def stage_plan(recipe: Recipe, bench: bool, device: str) -> list[Stage[StageResult]]:
-    """The stages of a quantize run, in order."""
-    from quantkit.stages.bench import BenchStage
-    from quantkit.stages.evaluate import EvaluateStage
-    from quantkit.stages.lm_eval import LmEvalStage
-    from quantkit.stages.quantize import QuantizeStage
-    from quantkit.stages.reference import ReferenceStage
+    """The stages of a quantize run: each registered stage's ``planned`` instances, built-ins in
+    their registry order, then plug-ins' (the runner runs each after what it depends on)."""
+    from quantkit.stages import STAGES
+    from quantkit.stages.base import PlanInputs
 
-    stages: list[Stage[StageResult]] = [ReferenceStage(), QuantizeStage(), EvaluateStage()]
-    stages += [LmEvalStage(index, entry.lm_eval) for index, entry in enumerate(recipe.evals)]
-    if bench:
-        stages.append(BenchStage(recipe.bench, device))
-    return stages
+    inputs = PlanInputs(recipe, bench, device)
+    return [stage for kind in STAGES.ordered_names() for stage in STAGES.get(kind).planned(inputs)]
 
 
 def run_quantize(request: QuantizeRequest, reporter: Reporter | None = None) -> RunResult:

@@ -55,6 +55,10 @@ class Registry(Generic[T]):
     def names(self) -> list[str]:
         return sorted({*self._entries, *self.plugins()})
 
+    def ordered_names(self) -> list[str]:
+        """The built-in and registered entries in their table's order, then plug-ins' by name."""
+        return [*self._entries, *sorted(self.plugins())]
+
     def __contains__(self, name: object) -> bool:
         return name in self._entries or name in self.plugins()
 

@@ -35,7 +35,7 @@ Style = Literal[
     "fraction",
     "bits",
 ]
-Stage = Literal["evaluate", "lm_eval", "bench", "serve_bench", "serve_eval"]
+Stage = str  # a stage kind: evaluate, lm_eval, bench, serve_bench, serve_eval, or a plug-in's
 # how a gate flag's text is read: a plain number, "5%" or 5, "0.9" or "90%", "800ms", "8GB"
 FlagValue = Literal["number", "percent", "fraction", "seconds", "bytes"]
 # the quality metrics' compute functions: (per-position scores, the baseline's ppl) -> value

@@ -12,6 +12,7 @@ from quantkit.stages.results import StageResult
 if TYPE_CHECKING:
     from pydantic import JsonValue
 
+    from quantkit.recipe import Recipe
     from quantkit.stages.context import RunContext
 
 R_co = TypeVar("R_co", bound=StageResult, covariant=True)
@@ -23,6 +24,15 @@ class StageOutput(Generic[R_co]):
 
     result: R_co
     files: list[Path] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class PlanInputs:
+    """What decides the stages of a quantize run: its recipe, whether it benchmarks, its device."""
+
+    recipe: Recipe
+    bench: bool
+    device: str
 
 
 class StageFailed(Exception):
@@ -40,14 +50,22 @@ class Stage(ABC, Generic[R_co]):
 
     kind: ClassVar[str]
     depends_on: ClassVar[tuple[str, ...]] = ()
+    result_type: ClassVar[type[StageResult]]  # its result's model (journal, manifest)
 
     @property
     def name(self) -> str:
         return self.kind
 
-    @abstractmethod
+    @classmethod
+    def planned(cls, inputs: PlanInputs) -> list[Stage[StageResult]]:
+        """This stage's instances in a quantize run (default none: a stage a command adds, such
+        as ``serve_bench``). A plug-in stage returns itself here to join every run."""
+        return []
+
     def parse(self, data: dict[str, JsonValue]) -> R_co:
         """The typed result from its journal or manifest form."""
+        result: R_co = self.result_type.model_validate(data)  # type: ignore[assignment]
+        return result
 
     @abstractmethod
     def run(self, ctx: RunContext) -> StageOutput[R_co]:

@@ -6,12 +6,10 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING
 
-from quantkit.stages.base import Stage, StageFailed, StageOutput
-from quantkit.stages.results import BenchResult, QuantizeResult
+from quantkit.stages.base import PlanInputs, Stage, StageFailed, StageOutput
+from quantkit.stages.results import BenchResult, QuantizeResult, StageResult
 
 if TYPE_CHECKING:
-    from pydantic import JsonValue
-
     from quantkit.evals.perf import SharedSides
     from quantkit.specs import BenchSpec
     from quantkit.stages.context import RunContext
@@ -28,8 +26,11 @@ class BenchStage(Stage[BenchResult]):
         self.spec = spec
         self.device = device
 
-    def parse(self, data: dict[str, JsonValue]) -> BenchResult:
-        return BenchResult.model_validate(data)
+    result_type = BenchResult
+
+    @classmethod
+    def planned(cls, inputs: PlanInputs) -> list[Stage[StageResult]]:
+        return [cls(inputs.recipe.bench, inputs.device)] if inputs.bench else []
 
     def run(self, ctx: RunContext) -> StageOutput[BenchResult]:
         from quantkit.device import baseline_dtype

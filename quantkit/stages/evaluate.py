@@ -5,14 +5,12 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING
 
-from quantkit.stages.base import Stage, StageOutput
-from quantkit.stages.results import EvaluateResult, QuantizeResult
+from quantkit.stages.base import PlanInputs, Stage, StageOutput
+from quantkit.stages.results import EvaluateResult, QuantizeResult, StageResult
 
 if TYPE_CHECKING:
     from collections.abc import Callable
     from pathlib import Path
-
-    from pydantic import JsonValue
 
     from quantkit.evals.deployment import DeploymentScore, OwnWindows
     from quantkit.evals.quality import PositionScores
@@ -29,8 +27,11 @@ class EvaluateStage(Stage[EvaluateResult]):
     kind = "evaluate"
     depends_on = ("reference", "quantize")
 
-    def parse(self, data: dict[str, JsonValue]) -> EvaluateResult:
-        return EvaluateResult.model_validate(data)
+    result_type = EvaluateResult
+
+    @classmethod
+    def planned(cls, inputs: PlanInputs) -> list[Stage[StageResult]]:
+        return [cls()]
 
     def run(self, ctx: RunContext) -> StageOutput[EvaluateResult]:
         from quantkit.evals.quality import (

@@ -6,12 +6,10 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from quantkit.stages.base import Stage, StageOutput
-from quantkit.stages.results import LmEvalResult, QuantizeResult
+from quantkit.stages.base import PlanInputs, Stage, StageOutput
+from quantkit.stages.results import LmEvalResult, QuantizeResult, StageResult
 
 if TYPE_CHECKING:
-    from pydantic import JsonValue
-
     from quantkit.specs import LmEvalSpec
     from quantkit.stages.context import RunContext
 
@@ -35,8 +33,11 @@ class LmEvalStage(Stage[LmEvalResult]):
     def name(self) -> str:
         return f"{self.kind}.{self.index}"
 
-    def parse(self, data: dict[str, JsonValue]) -> LmEvalResult:
-        return LmEvalResult.model_validate(data)
+    result_type = LmEvalResult
+
+    @classmethod
+    def planned(cls, inputs: PlanInputs) -> list[Stage[StageResult]]:
+        return [cls(index, entry.lm_eval) for index, entry in enumerate(inputs.recipe.evals)]
 
     def run(self, ctx: RunContext) -> StageOutput[LmEvalResult]:
         from quantkit.evals import lm_eval_runner as runner

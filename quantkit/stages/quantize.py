@@ -8,12 +8,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from quantkit.faults import failpoint
-from quantkit.stages.base import Stage, StageOutput
+from quantkit.stages.base import PlanInputs, Stage, StageOutput
 from quantkit.stages.results import QuantizeResult, StageResult
 
 if TYPE_CHECKING:
-    from pydantic import JsonValue
-
     from quantkit.backends.base import Artifact
     from quantkit.stages.context import RunContext
 
@@ -47,8 +45,11 @@ class QuantizeStage(Stage[QuantizeResult]):
 
     kind = "quantize"
 
-    def parse(self, data: dict[str, JsonValue]) -> QuantizeResult:
-        return QuantizeResult.model_validate(data)
+    result_type = QuantizeResult
+
+    @classmethod
+    def planned(cls, inputs: PlanInputs) -> list[Stage[StageResult]]:
+        return [cls()]
 
     def exact_folder(self, ctx: RunContext) -> Path | None:
         return ctx.run.artifact_dir

@@ -6,12 +6,10 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from quantkit.stages.base import Stage, StageOutput
+from quantkit.stages.base import PlanInputs, Stage, StageOutput
 from quantkit.stages.results import ReferenceResult, StageResult
 
 if TYPE_CHECKING:
-    from pydantic import JsonValue
-
     from quantkit.device import BaselineDtype
     from quantkit.evals.reference import Reference
     from quantkit.models import ModelSource
@@ -113,8 +111,11 @@ class ReferenceStage(Stage[ReferenceResult]):
 
     kind = "reference"
 
-    def parse(self, data: dict[str, JsonValue]) -> ReferenceResult:
-        return ReferenceResult.model_validate(data)
+    result_type = ReferenceResult
+
+    @classmethod
+    def planned(cls, inputs: PlanInputs) -> list[Stage[StageResult]]:
+        return [cls()]
 
     def run(self, ctx: RunContext) -> StageOutput[ReferenceResult]:
         from quantkit.evals import reference as ref

@@ -1,4 +1,4 @@
-"""The stage results of a finished run, rebuilt from its manifest (schema 1 or 2), so that
+"""The stage results of a finished run, rebuilt from its manifest (any schema), so that
 ``bench RUN`` and ``eval RUN`` run one stage and finalize the run like ``quantize`` does."""
 
 from __future__ import annotations
@@ -10,6 +10,8 @@ from pydantic import JsonValue
 from quantkit.errors import RunNotFoundError
 from quantkit.manifest import Manifest
 from quantkit.metrics import METRICS
+from quantkit.stages import STAGES
+from quantkit.stages.base import kind_of
 from quantkit.stages.results import (
     BenchResult,
     EvaluateResult,
@@ -44,7 +46,24 @@ def _evaluate_result(manifest: Manifest, windows: WindowScores) -> EvaluateResul
 
 
 def restore(manifest: Manifest, run_dir: Path) -> tuple[RunResults, dict[str, dict[str, JsonValue]]]:
-    """The run's stage results and their journal entries (completion time, file checksums)."""
+    """The run's stage results and their journal entries (completion time, file checksums):
+    each parsed by its stage's own model from its stage record (schema 3), or rebuilt from the
+    manifest's sections (schemas 1 and 2)."""
+    records = manifest.stages
+    if not records or any(record.result is None for record in records.values()):
+        return _from_sections(manifest, run_dir)
+    results = RunResults()
+    entries: dict[str, dict[str, JsonValue]] = {}
+    for name, record in records.items():
+        assert record.result is not None
+        results.put(name, STAGES.get(kind_of(name)).result_type.model_validate(record.result))
+        if record.completed is not None:  # journaled: its files are checked before reuse
+            entries[name] = record.model_dump(mode="json")
+    return results, entries
+
+
+def _from_sections(manifest: Manifest, run_dir: Path) -> tuple[RunResults, dict[str, dict[str, JsonValue]]]:
+    """Stage results as manifests before schema 3 recorded them, in their own sections."""
     from quantkit.evals.lm_eval_runner import recovery
     from quantkit.gate import load_windows
 

@@ -10,8 +10,6 @@ from quantkit.stages.base import Stage, StageOutput
 from quantkit.stages.results import ServeBenchResult
 
 if TYPE_CHECKING:
-    from pydantic import JsonValue
-
     from quantkit.serving.endpoint import Endpoint
     from quantkit.serving.loadgen import LoadSpec
     from quantkit.serving.record import ServeSideName
@@ -32,8 +30,7 @@ class ServeBenchStage(Stage[ServeBenchResult]):
         self.side = side
         self.price_per_hour = price_per_hour
 
-    def parse(self, data: dict[str, JsonValue]) -> ServeBenchResult:
-        return ServeBenchResult.model_validate(data)
+    result_type = ServeBenchResult
 
     def run(self, ctx: RunContext) -> StageOutput[ServeBenchResult]:
         from quantkit.finalize import now

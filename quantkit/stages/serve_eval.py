@@ -11,8 +11,6 @@ from quantkit.stages.base import Stage, StageOutput
 from quantkit.stages.results import ServeEvalResult
 
 if TYPE_CHECKING:
-    from pydantic import JsonValue
-
     from quantkit.serving.endpoint import Endpoint
     from quantkit.stages.context import RunContext
 
@@ -29,8 +27,7 @@ class ServeEvalStage(Stage[ServeEvalResult]):
         self.endpoint = endpoint
         self.top_k = top_k
 
-    def parse(self, data: dict[str, JsonValue]) -> ServeEvalResult:
-        return ServeEvalResult.model_validate(data)
+    result_type = ServeEvalResult
 
     def run(self, ctx: RunContext) -> StageOutput[ServeEvalResult]:
         import numpy as np

@@ -50,6 +50,40 @@ HIGH_KLD = MetricInfo(
     gate=GateBound("--max-high-kld", "max share of positions whose KLD exceeds 1e-4 nats, e.g. 5%",
                    value="percent", ge=0, le=100),
 )
+ARTIFACT_FILES = MetricInfo(
+    "artifact_files", "", False, False, "count", "files in the artifact folder", stage="artifact_files",
+    column="artifact files", gate=GateBound("--max-artifact-files", "max files in the artifact", ge=0),
+)
+'''
+STAGE = '''
+"""A plug-in stage: after quantization, the number of files the artifact holds, as a metric."""
+
+from typing import ClassVar
+
+from quantkit.stages.base import Stage, StageOutput
+from quantkit.stages.results import MetricSides, StageResult
+
+
+class FileCountResult(StageResult):
+    timing_key: ClassVar[str | None] = "artifact_files_s"
+    files: int
+
+    def metric_values(self):
+        return MetricSides(artifact={"artifact_files": float(self.files)})
+
+
+class FileCountStage(Stage[FileCountResult]):
+    kind = "artifact_files"
+    depends_on = ("quantize",)
+    result_type = FileCountResult
+
+    @classmethod
+    def planned(cls, inputs):
+        return [cls()]
+
+    def run(self, ctx):
+        files = [path for path in ctx.run.artifact_dir.rglob("*") if path.is_file()]
+        return StageOutput(FileCountResult(files=len(files), seconds=0.0))
 '''
 ENTRY_POINTS = """
 [quantkit.backends]
@@ -60,6 +94,10 @@ plugin-hf = quantkit_plugin_demo:PluginRuntime
 
 [quantkit.metrics]
 high_kld_pct = quantkit_plugin_metric:HIGH_KLD
+artifact_files = quantkit_plugin_metric:ARTIFACT_FILES
+
+[quantkit.stages]
+artifact_files = quantkit_plugin_stage:FileCountStage
 """
 BENCH = ["--set", "bench.prompt_lengths=[16]", "--set", "bench.decode_tokens=4", "--set", "bench.repeats=1",
          "--set", "bench.batch_size=1"]  # fmt: skip
@@ -70,6 +108,7 @@ def install_plugin(site: Path) -> Path:
     (site / "quantkit_plugin_demo.py").parent.mkdir(parents=True, exist_ok=True)
     (site / "quantkit_plugin_demo.py").write_text(PLUGIN)
     (site / "quantkit_plugin_metric.py").write_text(METRIC)
+    (site / "quantkit_plugin_stage.py").write_text(STAGE)
     info = site / "quantkit_plugin_demo-0.1.dist-info"
     info.mkdir()
     (info / "METADATA").write_text("Metadata-Version: 2.1\nName: quantkit-plugin-demo\nVersion: 0.1\n")
@@ -104,6 +143,7 @@ def test_an_installed_plugin_backend_and_runtime_run_and_bench_end_to_end(
     assert manifest["bench"]["artifact"]["decode_tok_s"] > 0
     assert 1e-6 < manifest["metrics"]["quantized"]["kld_mean"]["value"] < 0.005  # FP8, as the built-in
     _the_plugin_metric_is_computed_gated_and_reported(out, site, session_cache)
+    _the_plugin_stage_runs_in_every_run_and_is_recorded(out, site, session_cache)
     # negative control: without the package the method does not exist (exit 2, before any work)
     missing = quantkit("quantize", recipe, "--out", tmp_path / "none", site=None, cache=session_cache)
     assert missing.returncode == 2 and "unknown method 'plugin-fp8'" in missing.stderr, missing.stderr
@@ -149,3 +189,25 @@ def _the_plugin_metric_is_computed_gated_and_reported(run: Path, site: Path, cac
     # negative control: without the package there is no such flag (a usage error)
     unknown = quantkit("gate", run, "--max-high-kld", "5%", site=None, cache=cache)
     assert unknown.returncode == 2 and "No such option: --max-high-kld" in unknown.stderr, unknown.stderr
+
+
+def _the_plugin_stage_runs_in_every_run_and_is_recorded(run: Path, site: Path, cache: Path) -> None:
+    """One registration (``FileCountStage``) joins every quantize run: its typed result lands in
+    its stage record, its metric in the manifest, the gate and the report, and the run's
+    ``eval`` rebuilds it from the record."""
+    files = len([path for path in (run / "artifact").rglob("*") if path.is_file()])
+    manifest = json.loads((run / "manifest.json").read_text())
+    assert manifest["schema_version"] == 3
+    assert manifest["stages"]["artifact_files"]["result"] == {"seconds": 0.0, "files": files}
+    assert manifest["metrics"]["quantized"]["artifact_files"]["value"] == files > 1
+    low = quantkit("gate", run, "--max-artifact-files", files - 1, site=site, cache=cache)
+    assert low.returncode == 1 and "artifact_files" in low.stderr, low.stderr
+    assert quantkit("gate", run, "--max-artifact-files", files, site=site, cache=cache).returncode == 0
+    report = json.loads(quantkit("report", run, "--format", "json", site=site, cache=cache).stdout)
+    assert "artifact_files" in report["columns"] and report["rows"][1]["artifact_files"] == files
+    # a finished run updated by another stage keeps the plug-in stage's result, rebuilt from its record
+    again = quantkit("bench", run, "--repeats", "1", site=site, cache=cache)
+    assert again.returncode == 0, again.stderr[-2000:]
+    updated = json.loads((run / "manifest.json").read_text())
+    assert updated["stages"]["artifact_files"] == manifest["stages"]["artifact_files"]
+    assert updated["metrics"]["quantized"]["artifact_files"]["value"] == files

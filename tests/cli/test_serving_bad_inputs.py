@@ -153,7 +153,8 @@ def test_the_gate_fails_on_missing_serving_metrics_and_on_failed_requests(
     from quantkit.specs import GateSpec
 
     metrics = {"serve_ttft_p95_s": 0.2, "serve_goodput": 1.0, "serve_failed_requests": 1.0}
-    result = evaluate_gate(GateSpec(max_serve_ttft_p95_s=1.0, min_serve_goodput=0.5), dict(metrics), None, None)
+    spec = GateSpec(max_serve_ttft_p95_s=1.0, min_serve_goodput=0.5)
+    result = evaluate_gate(spec, dict(metrics), None, None)
     assert [(c.metric, c.passed) for c in result.checks] == [
         ("serve_ttft_p95_s", True),
         ("serve_goodput", True),

@@ -93,7 +93,7 @@ def test_a_top_k_only_runtime_scores_like_the_full_distribution(setup) -> None:
     runtime, windows = setup
     reference = ref.compute(runtime, windows, ref.ReferenceShape(16, 3), key="k")
     distorted = _tempered(runtime, 0.8)
-    topk_only = TopKOnlyRuntime(runtime.model, runtime.path, SETTINGS)
+    topk_only = TopKOnlyRuntime(runtime.model, runtime.tokenizer)
     topk_only_distorted = _topk_only(_tempered(runtime, 0.8))
     exact, estimated = (
         score(distorted, windows, reference, 3),
@@ -110,7 +110,7 @@ def _topk_only(inner: HFRuntime):
             full = inner.score(request)
             return type(full)(full.target_logprobs, full.topk_ids, full.topk_logprobs)
 
-    return Wrapped(inner.model, inner.path, SETTINGS)
+    return Wrapped(inner.model, inner.tokenizer)
 
 
 def test_reference_cache_roundtrip(setup) -> None:

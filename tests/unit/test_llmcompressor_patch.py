@@ -1,6 +1,6 @@
 """quantkit wraps two llm-compressor methods for per-module losses (it has no public hook for
-them; per-layer progress comes from forward pre-hooks): on another release, or where a method is gone, the run is refused
-loudly instead of patched wrongly."""
+them; per-layer progress comes from forward pre-hooks): on another release, or where a method
+is gone, the run is refused loudly instead of patched wrongly."""
 
 from __future__ import annotations
 
