@@ -142,8 +142,7 @@ def test_an_installed_plugin_backend_and_runtime_run_and_bench_end_to_end(
     assert manifest["bench"]["artifact"]["runtime"] == "plugin-hf"
     assert manifest["bench"]["artifact"]["decode_tok_s"] > 0
     assert 1e-6 < manifest["metrics"]["quantized"]["kld_mean"]["value"] < 0.005  # FP8, as the built-in
-    _the_plugin_metric_is_computed_gated_and_reported(out, site, session_cache)
-    _the_plugin_stage_runs_in_every_run_and_is_recorded(out, site, session_cache)
+    _the_plugin_metric_and_stage_are_computed_gated_and_reported(out, site, session_cache)
     # negative control: without the package the method does not exist (exit 2, before any work)
     missing = quantkit("quantize", recipe, "--out", tmp_path / "none", site=None, cache=session_cache)
     assert missing.returncode == 2 and "unknown method 'plugin-fp8'" in missing.stderr, missing.stderr
@@ -169,45 +168,42 @@ def test_a_plugin_that_cannot_be_imported_is_one_error_naming_its_package(
     )
 
 
-def _the_plugin_metric_is_computed_gated_and_reported(run: Path, site: Path, cache: Path) -> None:
-    """One registration (``HIGH_KLD``) gives a computed metric, its per-window series, a gate
-    field and flag with a bootstrap interval, and a report column."""
+def _the_plugin_metric_and_stage_are_computed_gated_and_reported(run: Path, site: Path, cache: Path) -> None:
+    """One registration each: ``HIGH_KLD`` gives a computed metric with its per-window series, a
+    gate field and flag with a bootstrap interval; ``FileCountStage`` joins every quantize run,
+    its typed result lands in its stage record and its metric in the manifest. Both are gated
+    and reported, and a later ``bench RUN`` rebuilds the stage's result from its record."""
     manifest = json.loads((run / "manifest.json").read_text())
     value = manifest["metrics"]["quantized"]["high_kld_pct"]["value"]
     assert 0 < value < 100  # FP8 moves some positions past 1e-4 nats, not all
     series = json.loads((run / "eval_windows.json").read_text())["quantized"]["high_kld_pct"]
     assert abs(sum(series) / len(series) - value) < 1e-9  # equal windows: their mean is the metric
+    files = len([path for path in (run / "artifact").rglob("*") if path.is_file()])
+    assert manifest["schema_version"] == 3
+    assert manifest["stages"]["artifact_files"]["result"] == {"seconds": 0.0, "files": files}
+    assert manifest["metrics"]["quantized"]["artifact_files"]["value"] == files > 1
+
     args = ["--require-significance", "--format", "json"]
-    failed = quantkit("gate", run, "--max-high-kld", f"{value / 2}%", *args, site=site, cache=cache)
+    low = ["--max-high-kld", f"{value / 2}%", "--max-artifact-files", files - 1]
+    failed = quantkit("gate", run, *low, *args, site=site, cache=cache)
     assert failed.returncode == 1, failed.stderr
-    check = next(c for c in json.loads(failed.stdout)["runs"][0]["checks"] if c["metric"] == "high_kld_pct")
-    assert check["field"] == "max_high_kld_pct" and check["interval"][0] <= value <= check["interval"][1]
-    passed = quantkit("gate", run, "--max-high-kld", "100%", *args, site=site, cache=cache)
-    assert passed.returncode == 0, passed.stderr
-    report = quantkit("report", run, "--format", "json", site=site, cache=cache)
-    assert "high_kld_pct" in json.loads(report.stdout)["columns"], report.stderr
+    checks = {c["metric"]: c for c in json.loads(failed.stdout)["runs"][0]["checks"]}
+    assert checks["high_kld_pct"]["field"] == "max_high_kld_pct" and not checks["high_kld_pct"]["passed"]
+    assert checks["high_kld_pct"]["interval"][0] <= value <= checks["high_kld_pct"]["interval"][1]
+    assert (
+        checks["artifact_files"]["field"] == "max_artifact_files" and not checks["artifact_files"]["passed"]
+    )
+    high = ["--max-high-kld", "100%", "--max-artifact-files", files]
+    assert quantkit("gate", run, *high, *args, site=site, cache=cache).returncode == 0
     # negative control: without the package there is no such flag (a usage error)
     unknown = quantkit("gate", run, "--max-high-kld", "5%", site=None, cache=cache)
     assert unknown.returncode == 2 and "No such option: --max-high-kld" in unknown.stderr, unknown.stderr
 
-
-def _the_plugin_stage_runs_in_every_run_and_is_recorded(run: Path, site: Path, cache: Path) -> None:
-    """One registration (``FileCountStage``) joins every quantize run: its typed result lands in
-    its stage record, its metric in the manifest, the gate and the report, and the run's
-    ``eval`` rebuilds it from the record."""
-    files = len([path for path in (run / "artifact").rglob("*") if path.is_file()])
-    manifest = json.loads((run / "manifest.json").read_text())
-    assert manifest["schema_version"] == 3
-    assert manifest["stages"]["artifact_files"]["result"] == {"seconds": 0.0, "files": files}
-    assert manifest["metrics"]["quantized"]["artifact_files"]["value"] == files > 1
-    low = quantkit("gate", run, "--max-artifact-files", files - 1, site=site, cache=cache)
-    assert low.returncode == 1 and "artifact_files" in low.stderr, low.stderr
-    assert quantkit("gate", run, "--max-artifact-files", files, site=site, cache=cache).returncode == 0
-    report = json.loads(quantkit("report", run, "--format", "json", site=site, cache=cache).stdout)
-    assert "artifact_files" in report["columns"] and report["rows"][1]["artifact_files"] == files
-    # a finished run updated by another stage keeps the plug-in stage's result, rebuilt from its record
     again = quantkit("bench", run, "--repeats", "1", site=site, cache=cache)
     assert again.returncode == 0, again.stderr[-2000:]
     updated = json.loads((run / "manifest.json").read_text())
     assert updated["stages"]["artifact_files"] == manifest["stages"]["artifact_files"]
     assert updated["metrics"]["quantized"]["artifact_files"]["value"] == files
+    report = json.loads(quantkit("report", run, "--format", "json", site=site, cache=cache).stdout)
+    assert {"high_kld_pct", "artifact_files"} <= set(report["columns"])
+    assert report["rows"][1]["artifact_files"] == files
