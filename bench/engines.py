@@ -56,7 +56,7 @@ SKIP = {("smollm2-135m", "gptq-g128"), ("smollm2-135m", "autoround-g128")}
 def model_argument(model: str, scratch: Path) -> str:
     """What ``--model`` gets: the embedded default by name, Gemma 3 as its joined PyPI GGUF."""
     if model == "gemma3-270m":
-        from quantkit.testing import gemma3_gguf
+        from quantkit.util.testing import gemma3_gguf
 
         return str(gemma3_gguf(scratch / "gemma-3-270m-q4_k_m.gguf"))
     return model

@@ -33,15 +33,15 @@ def main() -> None:
     import torch
     from transformers import AutoTokenizer
 
-    from quantkit.calibration import eval_windows
-    from quantkit.environment import library_versions
     from quantkit.evals import reference as ref
     from quantkit.evals.quality import score, summarize
-    from quantkit.models import resolve_model
-    from quantkit.progress import quiet_libraries
+    from quantkit.inputs.calibration import eval_windows
+    from quantkit.inputs.models import resolve_model
+    from quantkit.inputs.specs import EvalSpec
     from quantkit.runtimes.base import RuntimeSettings
     from quantkit.runtimes.hf import HFRuntime
-    from quantkit.specs import EvalSpec
+    from quantkit.util.environment import library_versions
+    from quantkit.util.progress import quiet_libraries
 
     quiet_libraries(False)
     source = resolve_model(args.model)

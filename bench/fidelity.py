@@ -59,7 +59,7 @@ def parse_final_ppl(text: str) -> float:
 
 def llama_perplexity(jobs: int = 2) -> Path:
     """The cached ``llama-perplexity`` of the installed bindings' llama.cpp, built on first use."""
-    from quantkit.llama_cpp_build import build_tool
+    from quantkit.llamacpp.build import build_tool
 
     return build_tool("llama-perplexity", jobs, log=lambda message: print(message, flush=True))
 
@@ -100,9 +100,9 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=HERE / "results" / "fidelity.json")
     args = parser.parse_args()
 
-    from quantkit.environment import library_versions
-    from quantkit.fileio import file_sha256
-    from quantkit.llama_cpp_convert import bindings_version
+    from quantkit.llamacpp.convert import bindings_version
+    from quantkit.util.environment import library_versions
+    from quantkit.util.fileio import file_sha256
 
     binary = llama_perplexity(args.threads)
     rows: dict[str, dict] = {}

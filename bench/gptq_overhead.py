@@ -50,8 +50,8 @@ import sys, numpy as np
 from pathlib import Path
 from quantkit.backends.base import QuantizeJob
 from quantkit.backends.gptq import GPTQBackend, GPTQOptions
-from quantkit.tokens import TokenWindows, hash_ids
-from quantkit.progress import quiet_libraries
+from quantkit.inputs.tokens import TokenWindows, hash_ids
+from quantkit.util.progress import quiet_libraries
 model_path, ids_path, out, group = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
 ids = np.load(ids_path)
 quiet_libraries(False)
@@ -87,10 +87,10 @@ def main() -> None:
     import numpy as np
     from transformers import AutoTokenizer
 
-    from quantkit.calibration import calibration_windows
-    from quantkit.environment import library_versions
-    from quantkit.models import resolve_model
-    from quantkit.specs import CalibrationSpec
+    from quantkit.inputs.calibration import calibration_windows
+    from quantkit.inputs.models import resolve_model
+    from quantkit.inputs.specs import CalibrationSpec
+    from quantkit.util.environment import library_versions
 
     source = resolve_model(args.model)
     tokenizer = AutoTokenizer.from_pretrained(source.path)

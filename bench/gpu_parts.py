@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     import torch
 
-    from quantkit.manifest import Manifest
+    from quantkit.results.manifest import Manifest
 
 ROOT = Path(__file__).resolve().parents[1]
 Record = dict[str, object]
@@ -195,7 +195,7 @@ def isolate(work: Path) -> None:
     for name in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE"):
         os.environ[name] = "1"
     os.environ.pop("QUANTKIT_NO_BENCH", None)  # the bench part asks for its stage explicitly
-    from quantkit.progress import quiet_libraries
+    from quantkit.util.progress import quiet_libraries
 
     quiet_libraries(False)
 
@@ -231,7 +231,7 @@ def run_part(name: str, plan: Plan, clock: Clock) -> Record:
     start = time.perf_counter()
     print(f"gpu_check: {name} (up to {allowed:.0f} s)", file=sys.stderr, flush=True)
     part: Callable[[Plan, float], Record] = PART_FUNCTIONS[name]
-    from quantkit.progress import library_bars_hidden
+    from quantkit.util.progress import library_bars_hidden
 
     try:
         with library_bars_hidden(False):  # the device run's output tail is kept short
@@ -258,7 +258,7 @@ def machine(device: str) -> Record:
     """Python, library versions and the GPU."""
     import torch
 
-    from quantkit.environment import library_versions
+    from quantkit.util.environment import library_versions
 
     info: Record = {
         "python": platform.python_version(),
@@ -359,7 +359,7 @@ def pytest_counts(output: str) -> dict[str, int]:
 
 
 def _tiny_model(plan: Plan) -> Path:
-    from quantkit.testing import make_tiny_llama
+    from quantkit.util.testing import make_tiny_llama
 
     folder = plan.work / "tiny-llama"
     if not (folder / "config.json").is_file():
@@ -371,8 +371,8 @@ def _quantize(
     recipe: str, overrides: list[str], model: Path, out: Path, device: str, bench: bool = False
 ) -> Manifest:
     """One quantkit run through its pipeline (the baseline guard let through: random models)."""
-    from quantkit.pipeline import QuantizeRequest, run_quantize
-    from quantkit.recipe import load_recipe
+    from quantkit.inputs.recipe import load_recipe
+    from quantkit.run.pipeline import QuantizeRequest, run_quantize
 
     request = QuantizeRequest(
         recipe=load_recipe(recipe, overrides),
@@ -470,7 +470,7 @@ def build_random(shape: str, device: str, folder: Path) -> torch.nn.Module:
     from transformers import AutoModelForCausalLM, LlamaConfig
 
     from quantkit.device import compute_dtype
-    from quantkit.testing import make_tiny_tokenizer
+    from quantkit.util.testing import make_tiny_tokenizer
 
     config = LlamaConfig(**SHAPES[shape], bos_token_id=0, eos_token_id=0)
     folder.mkdir(parents=True, exist_ok=True)
@@ -523,7 +523,7 @@ def gptq_on_shape(plan: Plan, shape: str, deadline: float) -> Record:
     from quantkit.backends.base import QuantizeJob
     from quantkit.backends.gptq import GPTQBackend, GPTQOptions
     from quantkit.backends.llmcompressor_run import oneshot_in_place
-    from quantkit.tokens import TokenWindows, hash_ids
+    from quantkit.inputs.tokens import TokenWindows, hash_ids
 
     sizes, device = plan.sizes, plan.device
     _free(device)
@@ -620,7 +620,7 @@ def gptq_large(plan: Plan, deadline: float) -> Record:
 
 
 def _side_figures(side: object) -> Record:
-    from quantkit.manifest import BenchSide
+    from quantkit.results.manifest import BenchSide
 
     assert isinstance(side, BenchSide)
     keys = (
@@ -634,7 +634,7 @@ def _side_figures(side: object) -> Record:
 def bench(plan: Plan, deadline: float) -> Record:
     """quantkit's pipeline with its bench stage: the random model's baseline and its FP8
     artifact, each measured in a process of its own on the GPU."""
-    from quantkit.manifest import BenchSection
+    from quantkit.results.manifest import BenchSection
 
     shape = plan.sizes.bench_shape
     folder = plan.work / "bench-model" / shape
@@ -732,7 +732,7 @@ def gguf_offload(plan: Plan, deadline: float) -> Record:
         reason = _llama_cpp_offload()
     if reason is not None:
         return {"status": "skipped", "reason": reason}
-    from quantkit.llama_cpp_convert import converter_dir
+    from quantkit.llamacpp.convert import converter_dir
 
     if not (converter_dir() / "convert_hf_to_gguf.py").is_file() and not os.environ.get(
         "QUANTKIT_LLAMA_CPP_CONVERTER"
@@ -743,7 +743,7 @@ def gguf_offload(plan: Plan, deadline: float) -> Record:
         }
     overrides = list(plan.sizes.bench_overrides)
     manifest = _quantize("gguf-q8_0", overrides, _tiny_model(plan), plan.work / "gguf-run", plan.device, True)
-    from quantkit.manifest import BenchSection
+    from quantkit.results.manifest import BenchSection
 
     section = manifest.bench
     if not isinstance(section, BenchSection):

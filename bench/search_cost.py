@@ -57,7 +57,7 @@ def run(recipe: str, out: Path, extra: list[str]) -> tuple[float, dict]:
 
 def at_size(search: Path, bpw: float, folder: Path) -> Path:
     """The recipe of the demotion path's point with at most ``bpw`` (the search's own path)."""
-    from quantkit.recipe import load_recipe, validate_recipe
+    from quantkit.inputs.recipe import load_recipe, validate_recipe
     from quantkit.search.driver import SearchRecord, load_profile
     from quantkit.search.mix import build_path, calibrated, mix_options
 

@@ -112,7 +112,7 @@ def isolated_cache(session_cache: Path, monkeypatch: pytest.MonkeyPatch, tmp_pat
 @pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A tiny random Llama with a trained byte-level BPE tokenizer (read-only by convention)."""
-    from quantkit.testing import make_tiny_llama
+    from quantkit.util.testing import make_tiny_llama
 
     return make_tiny_llama(tmp_path_factory.mktemp("tiny") / "tiny-llama")
 
@@ -121,7 +121,7 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def smollm2(session_cache: Path) -> Path:
     """The embedded SmolLM2-135M-Instruct's HF folder (converted once into the session cache)."""
     os.environ["QUANTKIT_CACHE"] = str(session_cache)
-    from quantkit.models import resolve_model
+    from quantkit.inputs.models import resolve_model
 
     return resolve_model("smollm2-135m").path
 
@@ -171,8 +171,8 @@ def synthetic_record(
     tests that need many runs). ``fields``: ``bits``, ``disk``, ``model``, ``fingerprint``."""
     import json
 
-    from quantkit.manifest import Manifest, with_info
-    from quantkit.store import RunRecord
+    from quantkit.results.manifest import Manifest, with_info
+    from quantkit.results.store import RunRecord
 
     data = json.loads((V1_RUN / "manifest.json").read_text())
     run_id = "20260101-000000-" + "".join(c if c.isalnum() else "-" for c in name)

@@ -9,7 +9,7 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
 from quantkit.errors import BackendError, MissingDependencyError
-from quantkit.library_log import LIBRARY_LOG
+from quantkit.util.library_log import LIBRARY_LOG
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
     from quantkit.backends.base import QuantizeJob
-    from quantkit.tokens import TokenWindows
+    from quantkit.inputs.tokens import TokenWindows
 
 INSTALL_HINT = "pip install 'quantkit[autoround]'"
 
@@ -27,7 +27,7 @@ INSTALL_HINT = "pip install 'quantkit[autoround]'"
 def autoround_version() -> str:
     """AutoRound's installed version, or a MissingDependencyError naming the extra. Reads the
     package metadata and the import machinery only (importing AutoRound imports torch)."""
-    from quantkit.environment import installed_version
+    from quantkit.util.environment import installed_version
 
     version = installed_version("auto_round", "auto-round")
     if version is None:
@@ -152,7 +152,7 @@ def run_autoround(job: QuantizeJob, options: dict[str, JsonValue], fmt: str) -> 
     import tempfile
     from pathlib import Path
 
-    from quantkit.progress import stdout_to_stderr
+    from quantkit.util.progress import stdout_to_stderr
 
     version = autoround_version()
     if job.calibration is None:  # pragma: no cover - the recipe requires calibration

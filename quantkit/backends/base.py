@@ -14,12 +14,12 @@ from typing import TYPE_CHECKING, ClassVar, Generic, TypeVar, cast
 
 from pydantic import BaseModel, ConfigDict, JsonValue
 
-from quantkit.specs import RunKind
+from quantkit.inputs.specs import RunKind
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
-    from quantkit.tokens import TokenWindows
+    from quantkit.inputs.tokens import TokenWindows
 
 
 class BackendOptions(BaseModel):

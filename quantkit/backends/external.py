@@ -12,12 +12,12 @@ from typing import TYPE_CHECKING, ClassVar
 from pydantic import Field, JsonValue
 
 from quantkit.backends.base import Artifact, Backend, BackendOptions, QuantizeJob
-from quantkit.specs import RunKind
+from quantkit.inputs.specs import RunKind
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
-    from quantkit.external import ExternalArtifact
+    from quantkit.inputs.external import ExternalArtifact
 
 
 class ExternalOptions(BackendOptions):
@@ -38,7 +38,7 @@ class ExternalBackend(Backend[ExternalOptions]):
 
     @cached_property
     def source(self) -> ExternalArtifact:
-        from quantkit.external import inspect_external
+        from quantkit.inputs.external import inspect_external
 
         return inspect_external(Path(self.options.artifact))
 
@@ -53,7 +53,7 @@ class ExternalBackend(Backend[ExternalOptions]):
         return list(self.source.files)
 
     def check_vocabulary(self, tokenizer: PreTrainedTokenizerBase, token_ids: Sequence[int]) -> None:
-        from quantkit.external import check_vocabulary
+        from quantkit.inputs.external import check_vocabulary
 
         check_vocabulary(self.source, tokenizer, token_ids)
 
@@ -75,7 +75,7 @@ class ExternalBackend(Backend[ExternalOptions]):
         return GGUFBackend(GGUFOptions()).runtime_baseline(model_path, log)
 
     def quantize(self, job: QuantizeJob) -> Artifact:
-        from quantkit.external import import_external, provenance
+        from quantkit.inputs.external import import_external, provenance
 
         source = self.source
         start = time.perf_counter()
@@ -102,7 +102,7 @@ def _file_bits(details: dict[str, JsonValue], folder: Path, model_path: Path) ->
     bpw = details.get("bits_per_weight")
     if isinstance(bpw, (int, float)):
         return float(bpw)
-    from quantkit.plan import count_parameters, tensor_bytes
+    from quantkit.inputs.plan import count_parameters, tensor_bytes
 
     parameters = count_parameters(model_path)
     return round(8 * tensor_bytes(folder) / parameters, 3) if parameters else 0.0

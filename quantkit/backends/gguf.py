@@ -17,24 +17,24 @@ from pydantic import Field, JsonValue, ValidationInfo, field_validator
 
 from quantkit.backends.base import Artifact, Backend, BackendOptions, QuantizeJob
 from quantkit.errors import BackendError, RecipeError
-from quantkit.faults import failpoint
-from quantkit.gguf_scheme import gguf_scheme
-from quantkit.progress import native_stderr_captured
-from quantkit.tokenizer_check import TOKENIZER_CHECK_VERSION, check_converted_tokenizer
+from quantkit.inputs.tokenizer_check import TOKENIZER_CHECK_VERSION, check_converted_tokenizer
+from quantkit.llamacpp.gguf_scheme import gguf_scheme
+from quantkit.util.faults import failpoint
+from quantkit.util.progress import native_stderr_captured
 
 if TYPE_CHECKING:
     import numpy as np
     import numpy.typing as npt
     from llama_cpp import llama_model_quantize_params
 
-    from quantkit.gguf_types import GGUFTensor, Overrides
+    from quantkit.llamacpp.gguf_types import GGUFTensor, Overrides
 
 GGUFType = Literal[
     "F32", "F16", "BF16", "Q8_0", "Q6_K", "Q5_K_M", "Q5_K_S", "Q5_0", "Q4_K_M", "Q4_K_S", "Q4_0",
     "IQ4_XS", "IQ4_NL", "Q3_K_L", "Q3_K_M", "Q3_K_S", "IQ3_M", "IQ3_S", "IQ3_XS", "IQ3_XXS",
     "Q2_K", "Q2_K_S", "IQ2_M", "IQ2_S", "IQ2_XS", "IQ2_XXS", "IQ1_M", "IQ1_S",
 ]  # fmt: skip
-# ggml's per-tensor types (llama-quantize's --tensor-type names; quantkit.gguf_types.TENSOR_TYPES)
+# ggml's per-tensor types (llama-quantize's --tensor-type names; quantkit.llamacpp.gguf_types.TENSOR_TYPES)
 TensorType = Literal[
     "F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K",
     "Q6_K", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "IQ1_S", "IQ1_M", "IQ4_NL", "IQ4_XS",
@@ -73,20 +73,20 @@ class GGUFOptions(BackendOptions):
     @field_validator("tensor_types", mode="before")
     @classmethod
     def _tensor_types(cls, value: object) -> object:
-        from quantkit.gguf_overrides import tensor_types
+        from quantkit.llamacpp.gguf_overrides import tensor_types
 
         return tensor_types(value)
 
     @field_validator("output_tensor_type", "token_embedding_type", mode="before")
     @classmethod
     def _tensor_type(cls, value: object, info: ValidationInfo) -> object:
-        from quantkit.gguf_overrides import tensor_type
+        from quantkit.llamacpp.gguf_overrides import tensor_type
 
         return tensor_type(value, f"options.{info.field_name}")
 
     def overrides(self) -> Overrides:
         """The per-tensor types in llama.cpp's terms."""
-        from quantkit.gguf_types import Overrides
+        from quantkit.llamacpp.gguf_types import Overrides
 
         return Overrides(tuple(self.tensor_types.items()), self.output_tensor_type, self.token_embedding_type)
 
@@ -142,8 +142,8 @@ class GGUFBackend(Backend[GGUFOptions]):
         """Per-tensor types must name tensors of this model and fit their rows (predicted names)."""
         overrides = self.options.overrides()
         if overrides:
-            from quantkit.gguf_overrides import check_overrides
-            from quantkit.plan import gguf_tensors
+            from quantkit.inputs.plan import gguf_tensors
+            from quantkit.llamacpp.gguf_overrides import check_overrides
 
             tensors = gguf_tensors(model_path)[0]
             if tensors:  # no safetensors headers: checked on the converted GGUF before quantizing
@@ -151,7 +151,7 @@ class GGUFBackend(Backend[GGUFOptions]):
 
     def check_model(self, config: Mapping[str, JsonValue]) -> None:
         """llama-cpp-python present and the architecture convertible, before anything is written."""
-        from quantkit.llama_cpp_convert import check_architecture, ensure_converter
+        from quantkit.llamacpp.convert import check_architecture, ensure_converter
 
         architectures = config.get("architectures")
         first = architectures[0] if isinstance(architectures, list) and architectures else None
@@ -165,10 +165,10 @@ class GGUFBackend(Backend[GGUFOptions]):
     def _converted(self, model_path: Path, log: Callable[[str], None]) -> tuple[Path, float | None]:
         """The unquantized GGUF of ``model_path``, cached per (model, precision, converter
         version); with the seconds the conversion took (None when it came from the cache)."""
-        from quantkit.fileio import cache_entry_lock
-        from quantkit.llama_cpp_convert import bindings_version, convert, ensure_converter
-        from quantkit.models import fingerprint
+        from quantkit.inputs.models import fingerprint
+        from quantkit.llamacpp.convert import bindings_version, convert, ensure_converter
         from quantkit.paths import cache_dir
+        from quantkit.util.fileio import cache_entry_lock
 
         outtype = self.options.outtype
         converter = ensure_converter(log)
@@ -197,8 +197,8 @@ class GGUFBackend(Backend[GGUFOptions]):
         return self._converted(model_path, log)[0]
 
     def quantize(self, job: QuantizeJob) -> Artifact:
-        from quantkit.fileio import file_sha256
-        from quantkit.llama_cpp_convert import bindings_version
+        from quantkit.llamacpp.convert import bindings_version
+        from quantkit.util.fileio import file_sha256
 
         options = self.options
         job.out_dir.mkdir(parents=True, exist_ok=True)
@@ -216,7 +216,7 @@ class GGUFBackend(Backend[GGUFOptions]):
         }
         overrides = options.overrides()
         if overrides:  # again on the converter's real names and shapes, before quantizing
-            from quantkit.gguf_overrides import check_overrides
+            from quantkit.llamacpp.gguf_overrides import check_overrides
 
             check_overrides(_tensors(base), overrides, options.imatrix)
         if options.type.lower() == options.outtype:
@@ -239,8 +239,8 @@ class GGUFBackend(Backend[GGUFOptions]):
         info = inspect_gguf(out_file)
         details |= info.details()
         if overrides:  # each override, the tensors it took and what llama.cpp wrote for them
-            from quantkit.gguf_file import read_gguf
-            from quantkit.gguf_overrides import summary
+            from quantkit.llamacpp.gguf_file import read_gguf
+            from quantkit.llamacpp.gguf_overrides import summary
 
             written = {tensor.name: tensor.type_name for tensor in read_gguf(out_file).tensors}
             details["overrides"] = summary(_tensors(base), overrides, written)
@@ -267,7 +267,7 @@ class GGUFBackend(Backend[GGUFOptions]):
 
 def inspect_gguf(path: Path) -> GGUFInfo:
     """Architecture, tensor-type histogram, parameter count and real bits per weight."""
-    from quantkit.gguf_file import read_gguf
+    from quantkit.llamacpp.gguf_file import read_gguf
 
     header = read_gguf(path)
     architecture = header.value("general.architecture")
@@ -287,9 +287,9 @@ def inspect_gguf(path: Path) -> GGUFInfo:
 
 def _tensors(path: Path) -> list[GGUFTensor]:
     """A GGUF file's tensors in llama-quantize's order, as the quantization rules see them."""
-    from quantkit.gguf_file import read_gguf
-    from quantkit.gguf_types import GGUFTensor
-    from quantkit.plan import file_order
+    from quantkit.inputs.plan import file_order
+    from quantkit.llamacpp.gguf_file import read_gguf
+    from quantkit.llamacpp.gguf_types import GGUFTensor
 
     tensors = [GGUFTensor(tensor.name, tuple(tensor.shape)) for tensor in read_gguf(path).tensors]
     return sorted(tensors, key=file_order)

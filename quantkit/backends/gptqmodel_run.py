@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from transformers import PretrainedConfig
 
     from quantkit.backends.base import QuantizeJob
-    from quantkit.tokens import TokenWindows
+    from quantkit.inputs.tokens import TokenWindows
 
 INSTALL_HINT = "pip install 'quantkit[gptqmodel]'"
 
@@ -26,7 +26,7 @@ INSTALL_HINT = "pip install 'quantkit[gptqmodel]'"
 def gptqmodel_version() -> str:
     """GPTQModel's installed version, or a MissingDependencyError naming the extra. Reads the
     package metadata and the import machinery only: importing GPTQModel takes seconds."""
-    from quantkit.environment import installed_version
+    from quantkit.util.environment import installed_version
 
     version = installed_version("gptqmodel", "gptqmodel")
     if version is None:
@@ -149,7 +149,7 @@ def run_gptqmodel(job: QuantizeJob, quantize_config: dict[str, JsonValue]) -> di
     import tempfile
     from pathlib import Path
 
-    from quantkit.progress import stdout_to_stderr
+    from quantkit.util.progress import stdout_to_stderr
 
     version = gptqmodel_version()
     if job.calibration is None:  # pragma: no cover - the recipe requires calibration

@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from torch.utils.hooks import RemovableHandle
     from transformers import PreTrainedModel
 
-    from quantkit.calibration import TokenWindows
+    from quantkit.inputs.calibration import TokenWindows
 
 
 @dataclass

@@ -134,7 +134,7 @@ class IntWeightBackend(Backend[IntOptionsT]):
         """Per-layer overrides must name this model's quantized layers, once each, and fit them."""
         options = self.options
         if isinstance(options, IntWeightOptions) and options.overrides:
-            from quantkit.plan import tensor_shapes
+            from quantkit.inputs.plan import tensor_shapes
 
             shapes = tensor_shapes(model_path)
             if shapes:  # no safetensors headers: compressed-tensors' names are checked on the artifact
@@ -173,7 +173,7 @@ def _check_mixed_artifact(
     """Read every layer's stored bits back from the artifact, record the overrides and the
     modules each named, and return the mean bits per quantized weight."""
     from quantkit.backends.int_overrides import assign, check_artifact, mean_bits, overrides_record
-    from quantkit.plan import tensor_shapes
+    from quantkit.inputs.plan import tensor_shapes
 
     source = tensor_shapes(job.model_path)
     modules = quantized_linears(source, options.ignore)

@@ -7,7 +7,7 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 from quantkit.errors import BackendError, MissingDependencyError
-from quantkit.faults import failpoint
+from quantkit.util.faults import failpoint
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     from transformers import PreTrainedModel
 
     from quantkit.backends.base import QuantizeJob
-    from quantkit.calibration import TokenWindows
+    from quantkit.inputs.calibration import TokenWindows
 
     OneshotRecipe = Modifier | list[Modifier]
 
@@ -105,7 +105,7 @@ def _llmcompressor_hooks(job: QuantizeJob, model: torch.nn.Module) -> Iterator[l
     if job.verbose:  # its console sink writes to stdout, quantkit's data channel: to stderr
         logger.remove()
         logger.add(sys.stderr, level="INFO")
-    # without -v its log goes to the run's library.log (quantkit.library_log configured it)
+    # without -v its log goes to the run's library.log (quantkit.util.library_log configured it)
     with (
         _patched(CompressionLogger, "set_results", on_results),
         _patched(AWQModifier, "_log_error_metrics", on_awq_metrics),
@@ -144,14 +144,14 @@ def source_dtype(folder: Path) -> torch.dtype:
     headers; config.json's ``dtype`` for .bin-only folders; float32 if neither says)."""
     import torch
 
-    from quantkit.plan import stored_dtypes
+    from quantkit.inputs.plan import stored_dtypes
 
     counts = stored_dtypes(folder)
     names = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}
     floating = {name: n for name, n in counts.items() if name in names}
     if floating:
         return names[max(floating, key=lambda name: floating[name])]
-    from quantkit.models import read_config
+    from quantkit.inputs.models import read_config
 
     config = read_config(folder)
     declared = config.get("dtype") or config.get("torch_dtype")
@@ -227,7 +227,7 @@ def fed_hash(rows: list[list[int]]) -> str:
     equal across engines exactly when they were fed the same ids."""
     import numpy as np
 
-    from quantkit.tokens import hash_ids
+    from quantkit.inputs.tokens import hash_ids
 
     return hash_ids(np.asarray(rows, dtype=np.int32))
 

@@ -89,11 +89,11 @@ def _bench_runs(
 ) -> None:
     from rich.table import Table
 
+    from quantkit.inputs.recipe import validate_section
+    from quantkit.inputs.specs import BenchSpec
     from quantkit.metrics import format_metric
-    from quantkit.pipeline import bench_run
-    from quantkit.recipe import validate_section
-    from quantkit.specs import BenchSpec
-    from quantkit.store import load_run
+    from quantkit.results.store import load_run
+    from quantkit.run.pipeline import bench_run
 
     records = [load_run(path) for path in runs]
     updates = {k: v for k, v in (("price_per_hour", price_per_hour), ("repeats", repeats)) if v is not None}

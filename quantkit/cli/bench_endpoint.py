@@ -15,11 +15,11 @@ from quantkit.errors import UserInputError
 if TYPE_CHECKING:
     from collections.abc import Callable
 
+    from quantkit.results.store import RunRecord
     from quantkit.serving.endpoint import Endpoint, ServerInfo
     from quantkit.serving.loadgen import LoadSpec
     from quantkit.serving.record import ServeSideName
     from quantkit.serving.stats import LevelResult
-    from quantkit.store import RunRecord
 
 
 @dataclass(frozen=True)
@@ -109,7 +109,7 @@ def bench_endpoint(runs: list[Path], plan: EndpointPlan, output_format: OutputFo
         check_answered(levels, info.url)
         _show([("", plan.side, info, levels)], plan.price_per_hour, output_format)
         return
-    from quantkit.pipeline import serve_bench_run
+    from quantkit.run.pipeline import serve_bench_run
 
     shown: list[tuple[str, str, ServerInfo, list[LevelResult]]] = []
     for record in records:
@@ -125,7 +125,7 @@ def bench_endpoint(runs: list[Path], plan: EndpointPlan, output_format: OutputFo
 
 
 def _runs(paths: list[Path]) -> list[RunRecord]:
-    from quantkit.store import load_run
+    from quantkit.results.store import load_run
 
     return [load_run(path) for path in paths]
 

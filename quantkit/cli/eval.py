@@ -23,9 +23,9 @@ from quantkit.device import DeviceChoice
 from quantkit.errors import UserInputError
 
 if TYPE_CHECKING:
-    from quantkit.manifest import TaskResult
-    from quantkit.specs import LmEvalSpec
-    from quantkit.store import RunRecord
+    from quantkit.inputs.specs import LmEvalSpec
+    from quantkit.results.manifest import TaskResult
+    from quantkit.results.store import RunRecord
 
 DEFAULT_TASKS = "quantkit_cloze"
 
@@ -140,8 +140,8 @@ def _lm_eval_spec(
     if tasks is None:
         return None
     from quantkit.evals.lm_eval_runner import check_tasks
-    from quantkit.recipe import validate_section
-    from quantkit.specs import LmEvalSpec
+    from quantkit.inputs.recipe import validate_section
+    from quantkit.inputs.specs import LmEvalSpec
 
     amount = None if limit is None else (int(limit) if limit >= 1 else limit)
     flags = {
@@ -164,8 +164,8 @@ def _lm_eval_spec(
 
 def _load_runs(runs: list[Path]) -> list[RunRecord]:
     """The finished runs; a damaged one (or a damaged GGUF in one) is refused before any task."""
+    from quantkit.results.store import load_run
     from quantkit.runtimes import runtime_class
-    from quantkit.store import load_run
 
     records = [load_run(path) for path in runs]
     for record in records:
@@ -180,7 +180,7 @@ def _eval_runs(
     from rich.table import Table
 
     from quantkit.evals.lm_eval_runner import recovery
-    from quantkit.pipeline import eval_run
+    from quantkit.run.pipeline import eval_run
 
     done = []
     for record in records:

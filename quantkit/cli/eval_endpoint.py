@@ -25,9 +25,9 @@ def eval_endpoint(
     from rich.table import Table
 
     from quantkit.metrics import format_metric
-    from quantkit.pipeline import serve_eval_run
+    from quantkit.results.store import load_run
+    from quantkit.run.pipeline import serve_eval_run
     from quantkit.serving.endpoint import Endpoint, check_url
-    from quantkit.store import load_run
 
     if top_logprobs is not None and not 1 <= top_logprobs <= 1024:
         raise UserInputError("--top-logprobs must be between 1 and 1024", "e.g. --top-logprobs 20")

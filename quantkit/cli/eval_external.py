@@ -15,8 +15,8 @@ from quantkit.cli.output import OutputFormat, RichReporter, TableView, emit_json
 from quantkit.errors import UserInputError
 
 if TYPE_CHECKING:
-    from quantkit.recipe import Recipe
-    from quantkit.specs import LmEvalSpec
+    from quantkit.inputs.recipe import Recipe
+    from quantkit.inputs.specs import LmEvalSpec
 
 
 @dataclass
@@ -40,9 +40,9 @@ class ExternalEvalRequest:
 def _recipes(request: ExternalEvalRequest) -> list[tuple[Recipe, str]]:
     """Each artifact's recipe and display name; every artifact is recognised (and refused if
     it cannot be evaluated) before anything runs."""
-    from quantkit.external import display_names, inspect_external
-    from quantkit.recipe import external_recipe
-    from quantkit.specs import EvalEntry
+    from quantkit.inputs.external import display_names, inspect_external
+    from quantkit.inputs.recipe import external_recipe
+    from quantkit.inputs.specs import EvalEntry
 
     count = len(request.artifacts)
     if count > 1 and request.out is not None:
@@ -66,8 +66,8 @@ def _recipes(request: ExternalEvalRequest) -> list[tuple[Recipe, str]]:
 
 def evaluate_external(request: ExternalEvalRequest, output_format: OutputFormat, view: TableView) -> None:
     """Evaluate each artifact against the baseline; exit 1 when a gate fails."""
-    from quantkit.pipeline import QuantizeRequest, run_quantize
     from quantkit.report import table
+    from quantkit.run.pipeline import QuantizeRequest, run_quantize
 
     human = output_format == OutputFormat.human
     results = []

@@ -18,7 +18,7 @@ from quantkit.cli.output import OutputFormat, emit_json, print_notes, stderr, st
 from quantkit.errors import OutputError, RunNotFoundError, UserInputError
 
 if TYPE_CHECKING:
-    from quantkit.gate import GateResult
+    from quantkit.results.gate import GateResult
 
 _BYTE_UNITS = {
     "": 1,
@@ -137,8 +137,8 @@ def gate(
     **thresholds: str | None,  # one option per gated metric: _threshold_options
 ) -> None:
     from quantkit.evals.plausibility import artifact_check
-    from quantkit.gate import evaluate_gate, load_gate_file, load_windows, resolve_spec
-    from quantkit.store import load_run
+    from quantkit.results.gate import evaluate_gate, load_gate_file, load_windows, resolve_spec
+    from quantkit.results.store import load_run
 
     flags: dict[str, JsonValue] = {
         **{field: _threshold_value(field, text) for field, text in thresholds.items()},
@@ -236,8 +236,8 @@ gate.__doc__ = (  # built from single-line paragraphs: the help reflows them
 
 
 def _write_outputs(results: list[tuple[str, GateResult]], junit: Path | None, markdown: Path | None) -> None:
-    from quantkit.fileio import write_text_atomic
-    from quantkit.gate import to_junit, to_markdown
+    from quantkit.results.gate import to_junit, to_markdown
+    from quantkit.util.fileio import write_text_atomic
 
     for target, render in ((junit, to_junit), (markdown, to_markdown)):
         if target is None:
@@ -253,7 +253,7 @@ def _print_table(results: list[tuple[str, GateResult]]) -> None:
     from rich.markup import escape
     from rich.table import Table
 
-    from quantkit.gate import format_interval, format_threshold, format_value, verdict_label
+    from quantkit.results.gate import format_interval, format_threshold, format_value, verdict_label
 
     table = Table(title="quantkit gate", title_justify="left")
     for column in ("run", "metric", "value", "threshold", "interval", "from", "verdict"):

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 from rich.console import Console
 from rich.markup import escape
 
-from quantkit.progress import Reporter
+from quantkit.util.progress import Reporter
 
 if TYPE_CHECKING:
     from rich.progress import ProgressColumn

@@ -31,10 +31,10 @@ def plan(
     """Estimate weights and KV-cache memory for the recipe's format and whether it fits a device."""
     from rich.table import Table
 
-    from quantkit import plan as planning
     from quantkit.errors import UserInputError
-    from quantkit.models import resolve_model
-    from quantkit.recipe import load_recipe
+    from quantkit.inputs import plan as planning
+    from quantkit.inputs.models import resolve_model
+    from quantkit.inputs.recipe import load_recipe
     from quantkit.registry import did_you_mean
 
     resolved = load_recipe(recipe, overrides)
@@ -95,6 +95,6 @@ def _module_bits(options: object, model_path: Path) -> dict[str, float] | None:
 
     if not isinstance(options, IntWeightOptions) or not options.overrides:
         return None
-    from quantkit.plan import tensor_shapes
+    from quantkit.inputs.plan import tensor_shapes
 
     return options.bits_per_module(tensor_shapes(model_path))

@@ -56,9 +56,9 @@ def quantize(
     """Quantize a model from a recipe, evaluate it against the baseline and store the run."""
     from rich.markup import escape
 
-    from quantkit.pipeline import QuantizeRequest, run_quantize
-    from quantkit.recipe import load_recipe_and_base, run_name
+    from quantkit.inputs.recipe import load_recipe_and_base, run_name
     from quantkit.report import table
+    from quantkit.run.pipeline import QuantizeRequest, run_quantize
 
     view = TableView.from_flags(columns, wide)
     resolved, base = load_recipe_and_base(recipe, overrides)

@@ -19,8 +19,8 @@ def list_recipes(output_format: OutputFormat = FormatOption) -> None:
     """List the shipped recipes."""
     from rich.table import Table
 
+    from quantkit.inputs.recipe import load_recipe
     from quantkit.paths import recipes_dir
-    from quantkit.recipe import load_recipe
 
     rows = []
     for path in sorted(recipes_dir().glob("*.yaml")):
@@ -46,7 +46,7 @@ def show(
     output_format: OutputFormat = FormatOption,
 ) -> None:
     """Print a recipe fully resolved (defaults filled in, overrides applied)."""
-    from quantkit.recipe import load_recipe
+    from quantkit.inputs.recipe import load_recipe
 
     resolved = load_recipe(recipe, overrides)
     if output_format == OutputFormat.json:
@@ -62,7 +62,7 @@ def validate(
     output_format: OutputFormat = FormatOption,
 ) -> None:
     """Validate recipe files; exit 2 on the first invalid one."""
-    from quantkit.recipe import load_recipe
+    from quantkit.inputs.recipe import load_recipe
 
     valid = []
     for path in recipes:

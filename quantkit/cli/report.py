@@ -29,9 +29,9 @@ def report(
     columns: str | None = ColumnsOption,
 ) -> None:
     """Compare runs against their baseline."""
-    from quantkit.fileio import write_text_atomic
     from quantkit.report import render, table
-    from quantkit.store import load_run
+    from quantkit.results.store import load_run
+    from quantkit.util.fileio import write_text_atomic
 
     for target in outputs:
         if target.suffix.lower() not in _WRITERS:

@@ -58,8 +58,8 @@ class Leftover:
 
 def _interrupted(path: Path) -> Leftover:
     """What an interrupted run kept: its completed stages, and whether a process holds it."""
-    from quantkit.journal import Journal
-    from quantkit.store import is_locked
+    from quantkit.results.store import is_locked
+    from quantkit.run.journal import Journal
 
     journal = Journal.read(path) or {}
     stages = journal.get("stages")
@@ -78,7 +78,7 @@ def _interrupted(path: Path) -> Leftover:
 def _summary(path: Path) -> dict[str, JsonValue]:
     from quantkit.errors import UserInputError
     from quantkit.report.table import method_label
-    from quantkit.store import load_run
+    from quantkit.results.store import load_run
 
     try:
         manifest = load_run(path).manifest
@@ -147,8 +147,8 @@ def show(
     run: Path = typer.Argument(..., help="a run folder"), output_format: OutputFormat = FormatOption
 ) -> None:
     """Show a run's manifest (JSON) or its summary; for an interrupted run, its progress."""
-    from quantkit.journal import Journal
-    from quantkit.store import load_run
+    from quantkit.results.store import load_run
+    from quantkit.run.journal import Journal
 
     journal = Journal.read(run) if run.is_dir() and not (run / "manifest.json").is_file() else None
     if journal is not None:
@@ -194,7 +194,7 @@ def clean(
     output_format: OutputFormat = FormatOption,
 ) -> None:
     """Remove leftovers of interrupted or replaced runs (never a complete or running one)."""
-    from quantkit.store import is_locked, remove_partial
+    from quantkit.results.store import is_locked, remove_partial
 
     now = time.time()
     outcome: dict[str, list[JsonValue]] = {"removed": [], "kept": []}

@@ -55,9 +55,6 @@ def sensitivity(
 ) -> None:
     """KLD increase per decoder layer and tensor class when only that part is quantized low, for
     each format (GGUF types in llama.cpp; GPTQ's integer bits in transformers)."""
-    from quantkit.fileio import write_text_atomic
-    from quantkit.library_log import LIBRARY_LOG, LOG_NAME
-    from quantkit.progress import Reporter, library_bars_hidden, quiet_libraries
     from quantkit.report.sensitivity import profile_html, profile_table
     from quantkit.search.profile import (
         DEFAULT_TYPES,
@@ -67,6 +64,9 @@ def sensitivity(
         check_types,
         profile_recipe,
     )
+    from quantkit.util.fileio import write_text_atomic
+    from quantkit.util.library_log import LIBRARY_LOG, LOG_NAME
+    from quantkit.util.progress import Reporter, library_bars_hidden, quiet_libraries
 
     chosen = _formats(formats)
     types = {
@@ -141,11 +141,11 @@ def search(
     from quantkit.cli.gate import _percent
     from quantkit.cli.sweep_view import RichSweepView
     from quantkit.paths import runs_dir
-    from quantkit.progress import Reporter
     from quantkit.search.driver import SearchRequest, budget_from, check_request, run_search
     from quantkit.search.profile import profile_recipe
     from quantkit.search.record import Objective
     from quantkit.sweep.driver import SilentView
+    from quantkit.util.progress import Reporter
 
     searched = _formats(formats)
     check_request(searched, objective, max_candidates)

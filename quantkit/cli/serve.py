@@ -88,7 +88,7 @@ def _target(target: Path, baseline: bool, runtime: str) -> tuple[Path, str]:
             raise UserInputError(f"'{target}' is not a .gguf file", "give a run folder or a .gguf file")
         check_gguf(target)
         return target, target.stem
-    from quantkit.store import load_run
+    from quantkit.results.store import load_run
 
     record = load_run(target)
     manifest = record.manifest

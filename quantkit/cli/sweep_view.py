@@ -9,9 +9,9 @@ from typing import TYPE_CHECKING
 from rich.markup import escape
 
 from quantkit.cli.output import RichReporter, stderr
-from quantkit.progress import Reporter
 from quantkit.sweep.record import SweepRun
 from quantkit.sweep.task import RunStatus
+from quantkit.util.progress import Reporter
 
 if TYPE_CHECKING:
     from rich.console import RenderableType

@@ -28,8 +28,8 @@ if TYPE_CHECKING:
     import numpy as np
     import numpy.typing as npt
 
+    from quantkit.inputs.tokens import TokenWindows
     from quantkit.runtimes.base import OwnTokenizer, Runtime
-    from quantkit.tokens import TokenWindows
 
 GAP_FLOOR_PCT = 1.0
 _LN2 = math.log(2.0)

@@ -16,15 +16,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from quantkit.errors import MissingDependencyError, UserInputError
-from quantkit.manifest import TaskResult
 from quantkit.paths import cache_dir
+from quantkit.results.manifest import TaskResult
 
 if TYPE_CHECKING:
     from lm_eval.tasks import TaskManager
 
+    from quantkit.inputs.specs import LmEvalSpec
     from quantkit.jsontypes import JsonDict
     from quantkit.runtimes.base import LmEvalModel, RuntimeSettings
-    from quantkit.specs import LmEvalSpec
 
 # the metric whose recovery is reported, per task (first found wins)
 _MAIN_METRICS = ("acc_norm,none", "acc,none", "exact_match,none", "word_perplexity,none")
@@ -146,8 +146,8 @@ def baseline(
     from pydantic import TypeAdapter
 
     from quantkit.evals.lm_eval_tasks import data_digest
-    from quantkit.fileio import write_text_atomic
-    from quantkit.tokens import WINDOW_RULES
+    from quantkit.inputs.tokens import WINDOW_RULES
+    from quantkit.util.fileio import write_text_atomic
 
     adapter = TypeAdapter(dict[str, TaskResult])
     key_text = json.dumps(

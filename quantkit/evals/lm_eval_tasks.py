@@ -121,8 +121,8 @@ metadata:
 
 def task_dir() -> Path:
     """A folder holding the tasks' YAML and data (built on first use, then reused)."""
-    from quantkit.calibration import load_texts
-    from quantkit.specs import TextSource
+    from quantkit.inputs.calibration import load_texts
+    from quantkit.inputs.specs import TextSource
 
     texts = load_texts(TextSource(), "eval")
     tasks = {
@@ -137,7 +137,7 @@ def task_dir() -> Path:
     digest = hashlib.sha256(json.dumps(definitions, sort_keys=True).encode()).hexdigest()[:16]
     folder = cache_dir() / "lm_eval_tasks" / f"quantkit-v{TASK_VERSION}-{digest}"
     if not all((folder / f"{name}.yaml").is_file() for name in tasks):
-        from quantkit.fileio import cache_entry_lock, write_text_atomic
+        from quantkit.util.fileio import cache_entry_lock, write_text_atomic
 
         with cache_entry_lock(folder):  # another process may be writing them: whole files only
             folder.mkdir(parents=True, exist_ok=True)

@@ -19,9 +19,9 @@ from pydantic import BaseModel, ConfigDict, JsonValue
 
 from quantkit.device import BaselineDtype
 from quantkit.errors import BackendError
-from quantkit.library_log import LIBRARY_LOG
-from quantkit.manifest import BenchSection, BenchSide
-from quantkit.specs import BenchSpec
+from quantkit.inputs.specs import BenchSpec
+from quantkit.results.manifest import BenchSection, BenchSide
+from quantkit.util.library_log import LIBRARY_LOG
 
 
 class WorkerSettings(BaseModel):
@@ -112,7 +112,7 @@ class SharedSides:
 
     def measure(self, settings: WorkerSettings) -> tuple[BenchSide, bool]:
         """The shared side (measured now when absent); True when it was measured now."""
-        from quantkit.fileio import write_text_atomic
+        from quantkit.util.fileio import write_text_atomic
 
         known = self.get(settings)
         if known is not None:

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 from quantkit.device import cpu_threads
 from quantkit.evals.perf import WorkerSettings
-from quantkit.manifest import BenchSide
+from quantkit.results.manifest import BenchSide
 
 if TYPE_CHECKING:
     from quantkit.runtimes.base import DeviceMemory, Runtime
@@ -158,7 +158,7 @@ def _with_device_memory(
 
 def main() -> None:
     settings = WorkerSettings.model_validate_json(sys.argv[1])
-    from quantkit.progress import native_stderr_captured, quiet_libraries
+    from quantkit.util.progress import native_stderr_captured, quiet_libraries
 
     quiet_libraries(True)  # everything to stderr, which the parent adds to its library log
     with native_stderr_captured(verbose=True):

@@ -28,15 +28,15 @@ from typing import TYPE_CHECKING, ClassVar, Protocol
 from quantkit.errors import BackendError
 from quantkit.metrics import METRICS
 from quantkit.metrics.positions import PositionScores
-from quantkit.window_scores import BaselineWindows, QuantizedWindows, WindowScores
+from quantkit.results.window_scores import BaselineWindows, QuantizedWindows, WindowScores
 
 if TYPE_CHECKING:
     import numpy as np
     import numpy.typing as npt
 
     from quantkit.evals.reference import Reference
+    from quantkit.inputs.tokens import TokenWindows
     from quantkit.runtimes.base import LogProbs, Runtime, ScoreRequest, Scores, TokenIds
-    from quantkit.tokens import TokenWindows
 
 _TINY = 1e-30
 

@@ -12,16 +12,16 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from quantkit.errors import BackendError
-from quantkit.fileio import share_modes
 from quantkit.paths import cache_dir
+from quantkit.util.fileio import share_modes
 
 if TYPE_CHECKING:
     import numpy as np
     import numpy.typing as npt
 
     from quantkit.device import BaselineDtype
+    from quantkit.inputs.tokens import TokenWindows
     from quantkit.runtimes.base import Runtime
-    from quantkit.tokens import TokenWindows
 
 REFERENCE_VERSION = 2  # 2: tail samples
 

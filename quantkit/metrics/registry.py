@@ -2,7 +2,7 @@
 packages declare in the ``quantkit.metrics`` entry-point group (each entry a ``MetricInfo``).
 
 Entry points are read on first use, so a plug-in's module may import ``quantkit.metrics`` (and
-only what that imports: the gate's model is built from this registry when ``quantkit.specs``
+only what that imports: the gate's model is built from this registry when ``quantkit.inputs.specs``
 is imported).
 """
 

@@ -14,11 +14,11 @@ from pydantic import JsonValue
 
 from quantkit import __version__
 from quantkit.metrics import METRICS, format_metric
+from quantkit.results.store import RunRecord
 from quantkit.serving.record import ServeSide
-from quantkit.store import RunRecord
 
 if TYPE_CHECKING:
-    from quantkit.manifest import Manifest
+    from quantkit.results.manifest import Manifest
 
 REPORT_SCHEMA = 2
 
@@ -245,7 +245,7 @@ def _tokenization_flags(members: list[RunRecord]) -> list[str]:
 def _bench_notes(members: list[RunRecord]) -> list[str]:
     """What each run's bench says about its speed figures (a format emulated on this device, a
     memory ratio that could not be taken), named by run."""
-    from quantkit.manifest import BenchSection
+    from quantkit.results.manifest import BenchSection
 
     out = []
     for run in members:

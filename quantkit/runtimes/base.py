@@ -119,7 +119,7 @@ an ``lm_eval.api.model.LM`` instance (then ``None``)."""
 
 class OwnTokenizer(Protocol):
     """A file's own tokenizer, as its runtime cuts text (a GGUF's ``tokenizer.ggml.*`` in
-    llama.cpp); ``Runtime.own_tokenizer`` opens it, ``quantkit.tokenizer_check`` compares it."""
+    llama.cpp); ``Runtime.own_tokenizer`` opens it, ``quantkit.inputs.tokenizer_check`` compares it."""
 
     @property
     def bos_token_id(self) -> int | None: ...
@@ -167,7 +167,7 @@ class Runtime(Protocol):
     @property
     def adds_bos(self) -> bool:
         """Whether the model's tokenizer leads a text with ``bos_token_id`` (the BOS rule of
-        ``quantkit.special_tokens``; lm-eval contexts follow it)."""
+        ``quantkit.inputs.special_tokens``; lm-eval contexts follow it)."""
         ...
 
     def tokenize(self, text: str) -> list[int]:

@@ -47,7 +47,7 @@ class HFRuntime(Runtime):
         from transformers import AutoModelForCausalLM
 
         from quantkit.device import torch_dtype
-        from quantkit.progress import stdout_to_stderr
+        from quantkit.util.progress import stdout_to_stderr
 
         with stdout_to_stderr():  # a GPTQ checkpoint loads through GPTQModel, which prints on stdout
             model: PreTrainedModel = AutoModelForCausalLM.from_pretrained(
@@ -78,7 +78,7 @@ class HFRuntime(Runtime):
 
     @property
     def adds_bos(self) -> bool:
-        from quantkit.special_tokens import tokenizer_bos
+        from quantkit.inputs.special_tokens import tokenizer_bos
 
         return tokenizer_bos(self.tokenizer) is not None
 
@@ -155,7 +155,7 @@ class HFRuntime(Runtime):
         the BOS rule explicitly (``add_bos_token``) rather than left to lm-eval's default."""
         from transformers import AutoTokenizer
 
-        from quantkit.special_tokens import tokenizer_bos
+        from quantkit.inputs.special_tokens import tokenizer_bos
 
         tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=settings.trust_remote_code)
         args: JsonDict = {

@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from llama_cpp import Llama
     from typing_extensions import Self
 
-    from quantkit.gguf_file import GGUFFile
+    from quantkit.llamacpp.gguf_file import GGUFFile
 
 _DAMAGED_HINT = "the file is truncated or damaged: copy it again or re-run quantize"
 
@@ -34,7 +34,7 @@ def check_gguf(path: Path, hint: str = _DAMAGED_HINT) -> GGUFFile:
     """Refuse a file that is not a whole GGUF: wrong magic, unreadable header or metadata,
     or tensor data that runs past the end of the file (a truncated copy or download). Returns
     the parsed header (read once per file and process)."""
-    from quantkit.gguf_file import MAGIC, GGUFFormatError, read_gguf
+    from quantkit.llamacpp.gguf_file import MAGIC, GGUFFormatError, read_gguf
 
     size = path.stat().st_size
     with path.open("rb") as handle:
@@ -94,7 +94,7 @@ class LlamaCppRuntime(Runtime):
     def load(cls, path: Path, settings: RuntimeSettings) -> Self:
         from llama_cpp import Llama, llama_supports_gpu_offload
 
-        from quantkit.progress import native_stderr_captured
+        from quantkit.util.progress import native_stderr_captured
 
         context = settings.context_length
         with native_stderr_captured(verbose=False):  # llama.cpp prints its load log natively
@@ -192,8 +192,8 @@ class LlamaCppVocabulary:
     def load(cls, path: Path) -> LlamaCppVocabulary:
         from llama_cpp import Llama
 
-        from quantkit.gguf_file import read_gguf
-        from quantkit.progress import native_stderr_captured
+        from quantkit.llamacpp.gguf_file import read_gguf
+        from quantkit.util.progress import native_stderr_captured
 
         header = read_gguf(path)
         prefix = header.value("tokenizer.ggml.add_space_prefix")  # llama.cpp: on for SPM unless set

@@ -42,11 +42,11 @@ from quantkit.search.record import (
 )
 
 if TYPE_CHECKING:
-    from quantkit.progress import Reporter
-    from quantkit.recipe import Recipe
+    from quantkit.inputs.recipe import Recipe
     from quantkit.search.mix import Path as DemotionPath
     from quantkit.search.profile import Profile
     from quantkit.sweep.driver import SweepResult, SweepView
+    from quantkit.util.progress import Reporter
 
 
 @dataclass
@@ -115,9 +115,9 @@ def load_profile(path: Path) -> Profile:
 
 def run_search(request: SearchRequest, reporter: Reporter, view: SweepView | None = None) -> SearchResult:
     """Profiles, paths, candidates as one sweep, winner and its recipe, in ``request.out``."""
-    from quantkit.library_log import LIBRARY_LOG, LOG_NAME
-    from quantkit.progress import library_bars_hidden, quiet_libraries
     from quantkit.search import mix
+    from quantkit.util.library_log import LIBRARY_LOG, LOG_NAME
+    from quantkit.util.progress import library_bars_hidden, quiet_libraries
 
     start = time.perf_counter()
     _check_out(request.out)
@@ -194,8 +194,8 @@ def _given_profiles(request: SearchRequest) -> dict[str, tuple[Profile, str]]:
 
 def _add_profile_to_report(folder: Path, profiles: list[Profile]) -> None:
     """The sweep's HTML report with the sensitivity charts after its quality-vs-size plot."""
-    from quantkit.fileio import write_text_atomic
     from quantkit.report.sensitivity import profile_section
+    from quantkit.util.fileio import write_text_atomic
 
     report = folder / "sweep" / "report.html"
     if report.is_file():
@@ -323,7 +323,7 @@ def _evaluate(
 def _candidate_recipe(
     request: SearchRequest, name: str, description: str, method: str, options: dict[str, JsonValue]
 ) -> Recipe:
-    from quantkit.recipe import validate_recipe
+    from quantkit.inputs.recipe import validate_recipe
 
     base = request.recipe.model_dump(
         mode="json", exclude={"name", "description", "method", "options", "gates"}

@@ -34,11 +34,11 @@ from quantkit.search.units import TensorScore, Unit, calibration_of
 if TYPE_CHECKING:
     import torch
 
-    from quantkit.models import ModelSource
-    from quantkit.progress import Reporter
-    from quantkit.recipe import Recipe
+    from quantkit.inputs.models import ModelSource
+    from quantkit.inputs.recipe import Recipe
     from quantkit.runtimes.hf import HFRuntime
     from quantkit.stages.context import Tokens
+    from quantkit.util.progress import Reporter
 
 INT_TYPES = ("W8", "W4")
 GROUP_SIZES = (128, 64, 32)
@@ -121,7 +121,7 @@ class IntBench:
 
 def int_recipe(recipe: Recipe, group_size: int | None, method: str = "gptq") -> Recipe:
     """``recipe``'s model, eval, calibration and device as a W4 recipe of ``method``, ``group_size``."""
-    from quantkit.recipe import validate_recipe
+    from quantkit.inputs.recipe import validate_recipe
 
     data = recipe.model_dump(mode="json", exclude={"method", "options", "gates"})
     return validate_recipe(data | {"method": method, "options": {"bits": 4, "group_size": group_size}})
@@ -134,8 +134,8 @@ def open_int_bench(
     import torch
 
     from quantkit.device import resolve_device
-    from quantkit.models import read_config, resolve_model
-    from quantkit.plan import tensor_shapes
+    from quantkit.inputs.models import read_config, resolve_model
+    from quantkit.inputs.plan import tensor_shapes
     from quantkit.runtimes.base import RuntimeSettings
     from quantkit.runtimes.hf import HFRuntime
     from quantkit.stages.context import Tokens
@@ -278,7 +278,7 @@ def _scorer(bench: IntBench, reference: object) -> Callable[[], float]:
 def int_others(bench: IntBench, tensors: Sequence[TensorScore]) -> tuple[int, float]:
     """Parameters the integer formats leave unquantized (embedding, norms, an untied head) and
     their bits as the checkpoint stores them."""
-    from quantkit.plan import tensor_shapes
+    from quantkit.inputs.plan import tensor_shapes
 
     inside = {f"{t.name}.weight" for t in tensors}
     params, bits = 0, 0.0

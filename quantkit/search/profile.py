@@ -8,7 +8,7 @@ tensor in every layer: ``attn_q``, ..., ``ffn_down``; the token embedding; an un
   the unit's, which get the ``low`` type (llama.cpp's quantize with per-tensor overrides), and
   scored in llama.cpp on the eval windows against the cached baseline reference. The unit's
   score is its KLD minus the all-``base`` file's KLD. Cost: two llama.cpp quantizations (each
-  unit's file is spliced from them, ``quantkit.gguf_splice``) and ``1 + units`` evaluations of
+  unit's file is spliced from them, ``quantkit.llamacpp.gguf_splice``) and ``1 + units`` evaluations of
   the eval windows (one forward pass of each window per evaluation).
 - **proxy**: for every quantized tensor and every legacy type (``PROXY_TYPES``), the expected
   squared output error ``E||(W - Q(W)) x||^2`` over the calibration tokens, with the diagonal
@@ -51,10 +51,10 @@ if TYPE_CHECKING:
     import numpy.typing as npt
 
     from quantkit.evals.reference import Reference
-    from quantkit.models import ModelSource
-    from quantkit.progress import Reporter
-    from quantkit.recipe import Recipe
+    from quantkit.inputs.models import ModelSource
+    from quantkit.inputs.recipe import Recipe
     from quantkit.stages.context import Tokens
+    from quantkit.util.progress import Reporter
 
 # the types gguf-py quantizes in numpy (32-weight blocks: they fit every row width of SmolLM2-like
 # models), from the most bits to the fewest
@@ -157,7 +157,7 @@ def check_types(base: str, low: str, format: str = "gguf") -> None:
 def open_workbench(recipe: Recipe, trust_remote_code: bool, reporter: Reporter) -> Workbench:
     """Resolve the model, check it can become a GGUF, and convert it (cached)."""
     from quantkit.device import resolve_device
-    from quantkit.models import read_config, resolve_model
+    from quantkit.inputs.models import read_config, resolve_model
     from quantkit.stages.context import Tokens
 
     source = resolve_model(recipe.model or "smollm2-135m", trust_remote_code=trust_remote_code)
@@ -268,12 +268,12 @@ def measure(bench: Workbench, units: Sequence[Unit], base: str, low: str) -> tup
     """The all-``base`` file's KLD and each unit's KLD with only it at ``low``.
 
     The model is quantized twice by llama.cpp (all ``base``; every tensor at ``low``) and each
-    unit's file is spliced from the two (``quantkit.gguf_splice``: byte for byte what llama.cpp
+    unit's file is spliced from the two (``quantkit.llamacpp.gguf_splice``: byte for byte what llama.cpp
     writes with the unit's override), so each unit costs a copy and an evaluation.
     """
     import tempfile
 
-    from quantkit.gguf_splice import splice
+    from quantkit.llamacpp.gguf_splice import splice
     from quantkit.stages.reference import BaselineInputs, ensure_reference
 
     inputs = BaselineInputs(bench.recipe, bench.source, bench.device, bench.tokens)
@@ -301,7 +301,7 @@ def measure(bench: Workbench, units: Sequence[Unit], base: str, low: str) -> tup
 
 def _quantize(bench: Workbench, options: Mapping[str, object], target: Path) -> None:
     from quantkit.backends.gguf import GGUFOptions, llama_quantize
-    from quantkit.progress import native_stderr_captured
+    from quantkit.util.progress import native_stderr_captured
 
     with native_stderr_captured(verbose=False):
         llama_quantize(bench.base_gguf, target, GGUFOptions.model_validate(options), None)
@@ -494,7 +494,7 @@ def _profile(request: ProfileRequest, pieces: _Pieces) -> Profile:
 
 def _others(path: Path, tensors: Sequence[TensorScore], base: str) -> tuple[int, float]:
     """Parameters outside the profile and their bits: 1-D tensors in F32, the rest at ``base``."""
-    from quantkit.gguf_file import read_gguf
+    from quantkit.llamacpp.gguf_file import read_gguf
 
     inside = {t.name for t in tensors}
     params, bits = 0, 0.0
@@ -529,7 +529,7 @@ DEFAULT_SETTINGS: dict[str, dict[str, JsonValue]] = {
 def profile_recipe(model: str | None, overrides: list[str], device: str | None, base: str = "Q8_0") -> Recipe:
     """The GGUF recipe whose eval, calibration, device and model a profile or a search uses;
     ``overrides`` are ``--set`` items on its fields (``eval.num_windows=4``)."""
-    from quantkit.recipe import apply_overrides, validate_recipe
+    from quantkit.inputs.recipe import apply_overrides, validate_recipe
 
     data: dict[str, JsonValue] = {
         "name": "search",

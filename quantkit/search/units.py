@@ -13,8 +13,8 @@ from pydantic import BaseModel, Field
 from quantkit.errors import RecipeError
 
 if TYPE_CHECKING:
+    from quantkit.inputs.tokens import TokenWindows
     from quantkit.stages.context import Tokens
-    from quantkit.tokens import TokenWindows
 
 CLASSES = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
 EMBEDDING, OUTPUT = "token_embd.weight", "output.weight"

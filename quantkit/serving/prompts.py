@@ -49,9 +49,9 @@ def default_pools(tokenizer_spec: str, lengths: list[int], seed: int) -> tuple[d
     tokenizer of ``tokenizer_spec`` (a model path or id; the embedded default by default)."""
     from transformers import AutoTokenizer
 
-    from quantkit.calibration import eval_windows
-    from quantkit.models import resolve_model
-    from quantkit.specs import EvalSpec
+    from quantkit.inputs.calibration import eval_windows
+    from quantkit.inputs.models import resolve_model
+    from quantkit.inputs.specs import EvalSpec
 
     source = resolve_model(tokenizer_spec)
     tokenizer = AutoTokenizer.from_pretrained(source.path)

@@ -10,7 +10,7 @@ Two servers, one registry (:data:`SERVERS`):
 - ``llama-server``: llama.cpp's own server, what users deploy GGUFs with. ``--parallel N``
   slots decode together (continuous batching), so throughput grows with concurrency. Found on
   PATH, through ``QUANTKIT_LLAMA_SERVER``, or built once from the bindings' sdist
-  (:mod:`quantkit.llama_cpp_build`).
+  (:mod:`quantkit.llamacpp.build`).
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from quantkit.registry import Registry
 SERVER_EXTRA = "pip install 'quantkit[serve]' (llama-cpp-python's server and the openai client)"
 LLAMA_SERVER_HINT = (
     "put llama.cpp's llama-server on PATH or in QUANTKIT_LLAMA_SERVER, or build it once from "
-    "llama-cpp-python's sdist: python -m quantkit.llama_cpp_build llama-server (a few minutes)"
+    "llama-cpp-python's sdist: python -m quantkit.llamacpp.build llama-server (a few minutes)"
 )
 
 
@@ -195,7 +195,7 @@ def llama_server_binary() -> Path:
     found = shutil.which("llama-server")
     if found:
         return Path(found)
-    from quantkit.llama_cpp_build import cached_tool
+    from quantkit.llamacpp.build import cached_tool
 
     built = cached_tool("llama-server")
     if built.is_file():

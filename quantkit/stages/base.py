@@ -12,7 +12,7 @@ from quantkit.stages.results import StageResult
 if TYPE_CHECKING:
     from pydantic import JsonValue
 
-    from quantkit.recipe import Recipe
+    from quantkit.inputs.recipe import Recipe
     from quantkit.stages.context import RunContext
 
 R_co = TypeVar("R_co", bound=StageResult, covariant=True)

@@ -11,7 +11,7 @@ from quantkit.stages.results import BenchResult, QuantizeResult, StageResult
 
 if TYPE_CHECKING:
     from quantkit.evals.perf import SharedSides
-    from quantkit.specs import BenchSpec
+    from quantkit.inputs.specs import BenchSpec
     from quantkit.stages.context import RunContext
 
 
@@ -36,7 +36,7 @@ class BenchStage(Stage[BenchResult]):
         from quantkit.device import baseline_dtype
         from quantkit.errors import BackendError
         from quantkit.evals import perf
-        from quantkit.manifest import BenchFailure
+        from quantkit.results.manifest import BenchFailure
 
         artifact = ctx.results.require("quantize", QuantizeResult).artifact
         dtype = baseline_dtype(self.device, ctx.recipe.baseline.dtype)  # on the bench's device

@@ -14,12 +14,12 @@ if TYPE_CHECKING:
 
     from quantkit.backends.base import Backend, BackendOptions
     from quantkit.device import BaselineDtype
-    from quantkit.journal import Journal
-    from quantkit.models import ModelSource
-    from quantkit.progress import Reporter
-    from quantkit.recipe import Recipe
+    from quantkit.inputs.models import ModelSource
+    from quantkit.inputs.recipe import Recipe
+    from quantkit.inputs.tokens import TokenWindows
+    from quantkit.run.journal import Journal
     from quantkit.stages.results import RunResults
-    from quantkit.tokens import TokenWindows
+    from quantkit.util.progress import Reporter
 
 
 class RunFolder(Protocol):
@@ -72,14 +72,14 @@ class Tokens:
 
     def eval_windows(self) -> TokenWindows:
         if self._eval is None:
-            from quantkit.calibration import eval_windows
+            from quantkit.inputs.calibration import eval_windows
 
             self._eval = eval_windows(self.recipe.eval, self.tokenizer())
         return self._eval
 
     def texts(self) -> dict[str, str]:
         """The texts this run's eval and calibration windows come from, by role."""
-        from quantkit.calibration import window_text
+        from quantkit.inputs.calibration import window_text
 
         texts = {"eval": window_text(self.recipe.eval, self.tokenizer(), "eval")}
         spec = self.recipe.calibration
@@ -90,7 +90,7 @@ class Tokens:
     def own_texts(self) -> dict[str, str]:
         """The texts this run's windows come from, by role, where they are not the built-in
         ones as they are (which a GGUF source's tokenizer was checked on when converted)."""
-        from quantkit.calibration import window_text
+        from quantkit.inputs.calibration import window_text
 
         texts: dict[str, str] = {}
         if self.recipe.eval.source != "builtin":
@@ -105,7 +105,7 @@ class Tokens:
         if not self.needs_calibration or self.recipe.calibration is None:
             return None
         if self._calibration is None:
-            from quantkit.calibration import calibration_windows
+            from quantkit.inputs.calibration import calibration_windows
 
             self._calibration = calibration_windows(self.recipe.calibration, self.tokenizer())
         return self._calibration

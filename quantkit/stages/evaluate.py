@@ -15,9 +15,9 @@ if TYPE_CHECKING:
     from quantkit.evals.deployment import DeploymentScore, OwnWindows
     from quantkit.evals.quality import PositionScores
     from quantkit.evals.reference import Reference
+    from quantkit.inputs.tokens import TokenWindows
     from quantkit.runtimes.base import OwnTokenizer, Runtime, RuntimeSettings
     from quantkit.stages.context import RunContext
-    from quantkit.tokens import TokenWindows
 
 
 class EvaluateStage(Stage[EvaluateResult]):
@@ -89,7 +89,7 @@ def _own_tokenization(ctx: RunContext, own: OwnTokenizer, windows: TokenWindows)
     calibration texts and the stress text (a mismatch refuses the run unless
     ``eval.tokenizer_check`` is ``report``), and the eval windows as it cuts their text."""
     from quantkit.evals.deployment import own_windows
-    from quantkit.tokenizer_check import TokenizerMismatchError, check_tokenization, stress_text
+    from quantkit.inputs.tokenizer_check import TokenizerMismatchError, check_tokenization, stress_text
 
     tokenizer = ctx.tokens.tokenizer()
     texts = ctx.tokens.texts() | {"stress": stress_text(tokenizer)}

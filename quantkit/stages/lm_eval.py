@@ -10,7 +10,7 @@ from quantkit.stages.base import PlanInputs, Stage, StageOutput
 from quantkit.stages.results import LmEvalResult, QuantizeResult, StageResult
 
 if TYPE_CHECKING:
-    from quantkit.specs import LmEvalSpec
+    from quantkit.inputs.specs import LmEvalSpec
     from quantkit.stages.context import RunContext
 
 
@@ -41,7 +41,7 @@ class LmEvalStage(Stage[LmEvalResult]):
 
     def run(self, ctx: RunContext) -> StageOutput[LmEvalResult]:
         from quantkit.evals import lm_eval_runner as runner
-        from quantkit.manifest import LmEvalSection
+        from quantkit.results.manifest import LmEvalSection
         from quantkit.runtimes.base import RuntimeSettings
 
         spec = self.spec

@@ -7,9 +7,9 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from quantkit.faults import failpoint
 from quantkit.stages.base import PlanInputs, Stage, StageOutput
 from quantkit.stages.results import QuantizeResult, StageResult
+from quantkit.util.faults import failpoint
 
 if TYPE_CHECKING:
     from quantkit.backends.base import Artifact
@@ -35,7 +35,7 @@ def file_bits_per_parameter(artifact: Artifact, parameters: int | None) -> float
         return float(bpw)
     if not parameters:
         return None
-    from quantkit.plan import tensor_bytes
+    from quantkit.inputs.plan import tensor_bytes
 
     return round(8 * tensor_bytes(artifact.path) / parameters, 3)
 
@@ -61,7 +61,7 @@ class QuantizeStage(Stage[QuantizeResult]):
 
     def run(self, ctx: RunContext) -> StageOutput[QuantizeResult]:
         from quantkit.backends.base import QuantizeJob
-        from quantkit.fileio import files_under
+        from quantkit.util.fileio import files_under
 
         out_dir = ctx.run.artifact_dir
         shutil.rmtree(out_dir, ignore_errors=True)  # never build on a half-written one
@@ -100,8 +100,8 @@ class QuantizeStage(Stage[QuantizeResult]):
         conversion = source_gguf.get("conversion_s") if isinstance(source_gguf, dict) else None
         if isinstance(conversion, (int, float)):  # the one-off F16 conversion is not quantization
             seconds -= float(conversion)
-        from quantkit.fileio import folder_bytes
-        from quantkit.manifest import ArtifactInfo
+        from quantkit.results.manifest import ArtifactInfo
+        from quantkit.util.fileio import folder_bytes
 
         info = ArtifactInfo(
             format=artifact.format,

@@ -12,10 +12,10 @@ from quantkit.stages.results import ReferenceResult, StageResult
 if TYPE_CHECKING:
     from quantkit.device import BaselineDtype
     from quantkit.evals.reference import Reference
-    from quantkit.models import ModelSource
-    from quantkit.progress import Reporter
-    from quantkit.recipe import Recipe
+    from quantkit.inputs.models import ModelSource
+    from quantkit.inputs.recipe import Recipe
     from quantkit.stages.context import RunContext, Tokens
+    from quantkit.util.progress import Reporter
 
 
 @dataclass(frozen=True)
@@ -69,7 +69,7 @@ def ensure_reference(inputs: BaselineInputs, reporter: Reporter) -> tuple[Refere
     """The cached reference of a model, eval windows, device and precision, computed now when absent;
     with the seconds it took (None: it was cached)."""
     from quantkit.evals import reference as ref
-    from quantkit.fileio import cache_entry_lock
+    from quantkit.util.fileio import cache_entry_lock
 
     key = inputs.reference_key()
     cached = ref.load_cached(key)

@@ -8,8 +8,9 @@ from pathlib import Path
 from pydantic import JsonValue
 
 from quantkit.errors import RunNotFoundError
-from quantkit.manifest import Manifest
 from quantkit.metrics import METRICS
+from quantkit.results.manifest import Manifest
+from quantkit.results.window_scores import WindowScores
 from quantkit.stages import STAGES
 from quantkit.stages.base import kind_of
 from quantkit.stages.results import (
@@ -23,7 +24,6 @@ from quantkit.stages.results import (
     ServeEvalResult,
     StageResult,
 )
-from quantkit.window_scores import WindowScores
 
 
 def _by_stage(values: dict[str, float], stage: str) -> dict[str, float]:
@@ -65,7 +65,7 @@ def restore(manifest: Manifest, run_dir: Path) -> tuple[RunResults, dict[str, di
 def _from_sections(manifest: Manifest, run_dir: Path) -> tuple[RunResults, dict[str, dict[str, JsonValue]]]:
     """Stage results as manifests before schema 3 recorded them, in their own sections."""
     from quantkit.evals.lm_eval_runner import recovery
-    from quantkit.gate import load_windows
+    from quantkit.results.gate import load_windows
 
     windows = load_windows(run_dir)
     if windows is None:

@@ -2,7 +2,7 @@
 records, from which a finished run is rebuilt.
 
 A result says what it adds to the run's manifest (``metrics``, ``timings``, ``manifest_fields``),
-so the manifest is assembled without naming stages (``quantkit.finalize``).
+so the manifest is assembled without naming stages (``quantkit.run.finalize``).
 """
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ from typing import ClassVar, TypeVar
 from pydantic import BaseModel, ConfigDict, Field
 
 from quantkit.evals.deployment import DeploymentScore
-from quantkit.manifest import ArtifactInfo, BenchFailure, BenchSection, LmEvalSection
+from quantkit.results.manifest import ArtifactInfo, BenchFailure, BenchSection, LmEvalSection
+from quantkit.results.window_scores import WindowScores
 from quantkit.serving.record import ServedQuality, ServeSection, side_metrics
-from quantkit.window_scores import WindowScores
 
 
 @dataclass

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, TypeVar
 
-from quantkit.faults import failpoint
 from quantkit.stages.base import StageFailed, kind_of
 from quantkit.stages.results import StageResult
+from quantkit.util.faults import failpoint
 
 if TYPE_CHECKING:
     from quantkit.stages.base import Stage

@@ -33,7 +33,7 @@ class ServeBenchStage(Stage[ServeBenchResult]):
     result_type = ServeBenchResult
 
     def run(self, ctx: RunContext) -> StageOutput[ServeBenchResult]:
-        from quantkit.finalize import now
+        from quantkit.run.finalize import now
         from quantkit.serving.endpoint import describe
         from quantkit.serving.loadgen import check_answered, run_load
         from quantkit.serving.prompts import prompt_pools

@@ -33,7 +33,7 @@ class ServeEvalStage(Stage[ServeEvalResult]):
         import numpy as np
 
         from quantkit.evals.quality import baseline_metrics, score, scored_positions, summarize, targets
-        from quantkit.finalize import now
+        from quantkit.run.finalize import now
         from quantkit.runtimes.base import ScoreRequest
         from quantkit.serving.endpoint import describe
         from quantkit.serving.record import ServedQuality

@@ -15,12 +15,12 @@ from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from quantkit.models import ModelSource
-from quantkit.progress import Reporter
+from quantkit.inputs.models import ModelSource
 from quantkit.stages.context import Tokens
 from quantkit.stages.reference import BaselineInputs
 from quantkit.sweep.record import BaselineRecord
 from quantkit.sweep.spec import PlannedRun
+from quantkit.util.progress import Reporter
 
 if TYPE_CHECKING:
     from quantkit.evals.reference import Reference
@@ -49,7 +49,7 @@ def prepare(
 ) -> list[PreparedRun]:
     """Resolve each run's model and device and the key of its baseline reference."""
     from quantkit.device import resolve_device
-    from quantkit.models import resolve_model
+    from quantkit.inputs.models import resolve_model
 
     sources: dict[str, ModelSource] = {}
     prepared = []

@@ -21,12 +21,12 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING, Protocol
 
 from quantkit.errors import OutputError, UserInputError
-from quantkit.progress import Reporter
-from quantkit.store import RunRecord
+from quantkit.results.store import RunRecord
 from quantkit.sweep.executors.base import Executor
 from quantkit.sweep.record import SweepManifest, SweepRun
 from quantkit.sweep.spec import PlannedRun, SweepSpec
 from quantkit.sweep.task import RunOutcome, RunStatus, RunTask
+from quantkit.util.progress import Reporter
 
 if TYPE_CHECKING:
     from quantkit.report.table import Comparison
@@ -120,7 +120,7 @@ def run_sweep(request: SweepRequest, view: SweepView | None = None) -> SweepResu
     executor.check()
     _check_folder(folder)
     start = time.perf_counter()
-    from quantkit.progress import library_bars_hidden, quiet_libraries
+    from quantkit.util.progress import library_bars_hidden, quiet_libraries
 
     quiet_libraries(request.verbose)
     with _locked(folder), library_bars_hidden(request.verbose):
@@ -177,7 +177,7 @@ def _run(
     view: SweepView,
     start: float,
 ) -> SweepResult:
-    from quantkit.finalize import now
+    from quantkit.run.finalize import now
     from quantkit.sweep.record import write_manifest
 
     manifest, bench = _baselines(request, planned, folder, executor, view)
@@ -214,8 +214,8 @@ def _baselines(
 ) -> tuple[SweepManifest, list[bool]]:
     """The baselines' references and bench sides, made once; the sweep's manifest for them
     (a changed spec is refused against the folder's earlier manifest); each run's bench flag."""
-    from quantkit.finalize import now
     from quantkit.paths import cache_dir
+    from quantkit.run.finalize import now
     from quantkit.sweep.baseline import BaselineJob
     from quantkit.sweep.record import read_manifest
 
@@ -302,7 +302,7 @@ def _entry(planned: PlannedRun, reference_key: str) -> SweepRun:
 
 def _keep(run: SweepRun, run_dir: Path) -> None:
     """A run finished by an earlier invocation and intact: reused as it is."""
-    from quantkit.store import load_run
+    from quantkit.results.store import load_run
 
     record = load_run(run_dir)
     gate = record.manifest.gate
@@ -364,15 +364,15 @@ def _polling(status_dir: Path, run_ids: list[str], view: SweepView) -> Iterator[
 
 
 def _records(folder: Path, manifest: SweepManifest) -> list[RunRecord]:
-    from quantkit.store import load_run
+    from quantkit.results.store import load_run
 
     return [load_run(Path(run.path)) for run in manifest.runs if run.state == "done" and run.path]
 
 
 def write_reports(result: SweepResult) -> None:
     """One report over the sweep's runs (one baseline row per baseline), failed runs named."""
-    from quantkit.fileio import write_text_atomic
     from quantkit.report import render
+    from quantkit.util.fileio import write_text_atomic
 
     comparison = sweep_comparison(result)
     for name, writer in REPORTS.items():

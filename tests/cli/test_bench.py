@@ -9,8 +9,8 @@ import pytest
 
 from quantkit.cli import main
 from quantkit.evals import perf
-from quantkit.manifest import BenchSection, BenchSide
-from quantkit.specs import BenchSpec
+from quantkit.inputs.specs import BenchSpec
+from quantkit.results.manifest import BenchSection, BenchSide
 
 SMALL = [
     "--set", "bench.prompt_lengths=[16, 32]", "--set", "bench.decode_tokens=4",

@@ -10,7 +10,7 @@ import pytest
 from conftest import write_tiny_recipe
 
 from quantkit.cli import main
-from quantkit.models import fingerprint
+from quantkit.inputs.models import fingerprint
 
 
 def run_cli(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:

@@ -11,8 +11,8 @@ import pytest
 from conftest import require_extra
 
 from quantkit.cli import main
-from quantkit.gguf_types import TENSOR_TYPES
-from quantkit.recipe import validate_recipe
+from quantkit.inputs.recipe import validate_recipe
+from quantkit.llamacpp.gguf_types import TENSOR_TYPES
 
 require_extra("llama_cpp", "gguf")
 

@@ -90,7 +90,7 @@ def test_a_tokenizer_that_splits_differently_is_refused(isolated_cache: Path) ->
     llama.cpp names the first differing tokens."""
     from tokenizers import pre_tokenizers
 
-    from quantkit.gguf_source import GGUFMetadata, check_tokenizer, repaired_tokenizer
+    from quantkit.inputs.gguf_source import GGUFMetadata, check_tokenizer, repaired_tokenizer
 
     meta = GGUFMetadata(shipped_gguf())
     tokenizer = repaired_tokenizer(meta, isolated_cache)
@@ -113,8 +113,8 @@ def test_a_hub_gguf_is_downloaded_converted_and_checked(
     identical to llama.cpp's on the built-in texts, the file's sha256 recorded."""
     import huggingface_hub.constants as hub
 
-    from quantkit.fileio import file_sha256
-    from quantkit.models import resolve_model
+    from quantkit.inputs.models import resolve_model
+    from quantkit.util.fileio import file_sha256
 
     commit = "0123456789abcdef0123456789abcdef01234567"
     repo = tmp_path / "hub" / "models--someone--smol-gguf"
@@ -149,8 +149,8 @@ def test_a_hub_gguf_is_downloaded_converted_and_checked(
 
     from transformers import AutoTokenizer
 
-    from quantkit.calibration import builtin_texts
-    from quantkit.gguf_source import check_tokenizer
+    from quantkit.inputs.calibration import builtin_texts
+    from quantkit.inputs.gguf_source import check_tokenizer
 
     check_tokenizer(AutoTokenizer.from_pretrained(source.path), shipped_gguf(), builtin_texts())
     with pytest.raises(ModelSourceError, match="not reachable and it is not cached"):  # offline
@@ -161,7 +161,7 @@ def test_special_token_strings_count_as_those_tokens_in_the_check(isolated_cache
     """Text with chat markers (a chat-templated calibration set) tokenizes the same in both when
     llama.cpp parses special tokens as HF tokenizers do; with llama-perplexity's plain-text
     rule the check refused SmolLM2's own tokenizer here ('<|im_start|>' split into 8 pieces)."""
-    from quantkit.gguf_source import GGUFMetadata, check_tokenizer, repaired_tokenizer
+    from quantkit.inputs.gguf_source import GGUFMetadata, check_tokenizer, repaired_tokenizer
 
     meta = GGUFMetadata(shipped_gguf())
     tokenizer = repaired_tokenizer(meta, isolated_cache)
@@ -176,10 +176,10 @@ def test_a_run_on_its_own_text_checks_the_gguf_tokenizer_on_it(
     anything is made."""
     from transformers import AutoTokenizer
 
-    from quantkit.calibration import load_texts
     from quantkit.cli import main
-    from quantkit.models import resolve_model
-    from quantkit.specs import TextSource
+    from quantkit.inputs.calibration import load_texts
+    from quantkit.inputs.models import resolve_model
+    from quantkit.inputs.specs import TextSource
 
     gguf = tmp_path / "smol.gguf"
     os.link(shipped_gguf(), gguf)  # its own path: its own converted folder

@@ -10,7 +10,7 @@ from conftest import require_extra
 
 from quantkit.cli import main
 from quantkit.errors import RecipeError
-from quantkit.recipe import validate_recipe
+from quantkit.inputs.recipe import validate_recipe
 
 
 def test_very_low_bit_types_need_an_imatrix() -> None:

@@ -104,7 +104,7 @@ def test_a_missing_engine_is_refused_before_the_model_is_resolved(tmp_path: Path
 def test_each_engine_validates_to_its_own_options() -> None:
     from quantkit.backends.gptq import GPTQBackend
     from quantkit.backends.gptq_gptqmodel import GPTQModelBackend
-    from quantkit.recipe import load_recipe
+    from quantkit.inputs.recipe import load_recipe
 
     recipe = load_recipe("gptq-w4a16-g128-gptqmodel", [])
     backend = recipe.backend()
@@ -145,7 +145,7 @@ def test_gptqmodel_quantizes_gemma3_and_keeps_its_per_layer_type_rope(tmp_path: 
     random Gemma 3 (one sliding-window layer, one global): the run succeeds and the saved config
     keeps exactly the source's RoPE parameters. ~30 s."""
     require_extra("gptqmodel", "gptqmodel")
-    from quantkit.testing import make_tiny_gemma3
+    from quantkit.util.testing import make_tiny_gemma3
 
     model = make_tiny_gemma3(tmp_path / "tiny-gemma3")
     source = json.loads((model / "config.json").read_text())["rope_parameters"]

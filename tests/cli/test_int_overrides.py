@@ -34,7 +34,7 @@ def _quantize(recipe: str, model: Path, out: Path, *extra: str) -> int:
 
 
 def _headers(folder: Path) -> dict[str, list[int]]:
-    from quantkit.plan import tensor_shapes
+    from quantkit.inputs.plan import tensor_shapes
 
     return {name: shape for name, (shape, _) in tensor_shapes(folder).items()}
 
@@ -112,7 +112,7 @@ def test_the_manifest_and_the_plan_give_the_layers_mean_bits(mixed: dict, tiny_m
     # the bytes the overrides add: 4 more bits on down_proj, half a bit more on q/o
     added = plans["mixed"]["quantized_weights_bytes"] - plans["w4"]["quantized_weights_bytes"]
     assert added == (4 * sizes["down"] + 0.5 * (sizes["q"] + sizes["o"])) // 8
-    from quantkit.plan import tensor_bytes
+    from quantkit.inputs.plan import tensor_bytes
 
     stored = {name: tensor_bytes(mixed[name]["_path"] / "artifact") for name in ("mixed", "w4")}
     print(f"overrides add {added} bytes by the plan, {stored['mixed'] - stored['w4']} in the artifacts")

@@ -81,7 +81,7 @@ def test_eval_command_on_a_stored_run(tmp_path: Path, tiny_recipe: Path, capsys)
 
 def test_recovery_inverts_lower_is_better_metrics() -> None:
     from quantkit.evals.lm_eval_runner import recovery
-    from quantkit.manifest import TaskResult
+    from quantkit.results.manifest import TaskResult
 
     def task(value: float, higher: bool) -> TaskResult:
         return TaskResult(metric="m", value=value, stderr=None, higher_is_better=higher)

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from quantkit.cli import main
-from quantkit.plan import Serving, Target, count_parameters, estimate
+from quantkit.inputs.plan import Serving, Target, count_parameters, estimate
 
 
 def test_estimate_from_headers_matches_the_model(tiny_model: Path) -> None:
@@ -47,9 +47,9 @@ def test_plan_unknown_device(tiny_model: Path, capsys) -> None:
 def test_quantize_refuses_a_model_that_cannot_fit(
     tiny_recipe: Path, tmp_path: Path, capsys, monkeypatch
 ) -> None:
-    import quantkit.plan
+    import quantkit.inputs.plan
 
-    monkeypatch.setattr(quantkit.plan, "machine_memory", lambda device: 1000)
+    monkeypatch.setattr(quantkit.inputs.plan, "machine_memory", lambda device: 1000)
     assert main(["quantize", str(tiny_recipe), "--out", str(tmp_path / "x")]) == 2
     assert "not enough memory on cpu" in capsys.readouterr().err
     assert not (tmp_path / "x").exists()

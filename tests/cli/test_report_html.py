@@ -15,7 +15,7 @@ from conftest import run_chromium, synthetic_record, write_tiny_recipe
 
 from quantkit.cli import main
 from quantkit.report import plots, render, table
-from quantkit.store import RunRecord
+from quantkit.results.store import RunRecord
 
 SVG = "{http://www.w3.org/2000/svg}"
 CHROMIUM = Path("/usr/bin/chromium")
@@ -308,7 +308,7 @@ def test_the_report_of_real_runs_fits_the_terminal_with_whole_numbers(
 
     from quantkit.report import render, table
     from quantkit.report.table import format_cell
-    from quantkit.store import load_run
+    from quantkit.results.store import load_run
 
     comparison = table.build([load_run(path) for path in two_runs])
     console = Console(width=width, file=io.StringIO(), record=True, color_system=None)
@@ -338,7 +338,7 @@ def test_the_html_report_fits_a_1280_px_window_and_plots_the_tables_bpw(
     its own box: in headless Chromium at 1,280 px the page is no wider than the window (a
     negative control without the box is). Plots put each run at the table's file bpw."""
     from quantkit.report import render, table
-    from quantkit.store import load_run
+    from quantkit.results.store import load_run
 
     comparison = table.build([load_run(path) for path in two_runs])
     page = render.to_html(comparison)

@@ -1,6 +1,6 @@
 """Fault tests: kill -9 a real quantize process at named points, resume, compare with a clean run.
 
-``QUANTKIT_FAILPOINT`` makes the process SIGKILL itself at that point (see quantkit/faults.py):
+``QUANTKIT_FAILPOINT`` makes the process SIGKILL itself at that point (see quantkit/util/faults.py):
 no ``finally`` runs, exactly as with the OOM killer or a power cut.
 """
 

@@ -35,10 +35,10 @@ def test_runs_list_show_and_clean(tiny_recipe: Path, tmp_path: Path, capsys) -> 
 
 
 def test_full_disk_is_refused_before_any_work(tiny_recipe: Path, tmp_path: Path, capsys, monkeypatch) -> None:
-    import quantkit.store
+    import quantkit.results.store
 
     full = shutil._ntuple_diskusage(total=10**12, used=10**12 - 1000, free=1000)  # type: ignore[attr-defined]
-    monkeypatch.setattr(quantkit.store.shutil, "disk_usage", lambda path: full)
+    monkeypatch.setattr(quantkit.results.store.shutil, "disk_usage", lambda path: full)
     out = tmp_path / "out"
     assert main(["quantize", str(tiny_recipe), "--out", str(out)]) == 2
     assert "not enough disk space" in capsys.readouterr().err

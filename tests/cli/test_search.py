@@ -71,7 +71,7 @@ def test_bad_input_is_one_line_with_a_hint(
 def test_a_model_llama_cpp_cannot_convert_is_refused(
     tiny_model: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    from quantkit import llama_cpp_convert
+    from quantkit.llamacpp import convert as llama_cpp_convert
 
     monkeypatch.setattr(llama_cpp_convert, "supported_architectures", lambda converter: {"GPT2LMHeadModel"})
     out = tmp_path / "search"

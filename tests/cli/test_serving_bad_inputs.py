@@ -149,8 +149,8 @@ def test_the_gate_fails_on_missing_serving_metrics_and_on_failed_requests(
     assert checks["serve_ttft_p95_s"]["verdict"] == "missing"
     assert checks["serve_failed_requests"]["verdict"] == "missing"
     # one request of eight fails (a stalled server behind a fast one is not needed: write it)
-    from quantkit.gate import evaluate_gate
-    from quantkit.specs import GateSpec
+    from quantkit.inputs.specs import GateSpec
+    from quantkit.results.gate import evaluate_gate
 
     metrics = {"serve_ttft_p95_s": 0.2, "serve_goodput": 1.0, "serve_failed_requests": 1.0}
     spec = GateSpec(max_serve_ttft_p95_s=1.0, min_serve_goodput=0.5)
@@ -227,7 +227,7 @@ def test_serve_refuses_an_unknown_server_parallel_slots_it_lacks_and_a_missing_l
     assert code == 2
     first, hint = one_error(err)
     assert first == f"error: QUANTKIT_LLAMA_SERVER='{tmp_path / 'llama-server'}' is not an executable file"
-    assert "python -m quantkit.llama_cpp_build llama-server" in hint
+    assert "python -m quantkit.llamacpp.build llama-server" in hint
     # neither set, nor on PATH, nor built into this (empty) cache
     monkeypatch.delenv("QUANTKIT_LLAMA_SERVER")
     monkeypatch.setenv("PATH", str(tmp_path))

@@ -75,7 +75,7 @@ def test_eval_run_then_gate_judges_the_updated_recovery(tmp_path: Path, tiny_mod
     assert len((run / "lm_eval" / "quantkit_cloze.jsonl").read_text().splitlines()) == 4  # entry 0 kept
     assert set(again["stages"]) >= {"reference", "quantize", "evaluate", "lm_eval.0", "lm_eval.1"}
     from quantkit.evals.lm_eval_runner import recovery
-    from quantkit.manifest import TaskResult
+    from quantkit.results.manifest import TaskResult
 
     latest = again["lm_eval"][1]
     sides = [

@@ -9,7 +9,7 @@ import pytest
 
 from quantkit.cli import main
 from quantkit.errors import RecipeError
-from quantkit.recipe import validate_recipe
+from quantkit.inputs.recipe import validate_recipe
 
 TINY_BUDGET = [
     "--set", "calibration.num_samples=4", "--set", "calibration.seq_len=64",
@@ -119,9 +119,9 @@ def test_smollm2_width_is_checked_against_group_128() -> None:
 def test_gptq_reports_progress_per_decoder_layer(tiny_model: Path, tmp_path: Path) -> None:
     from contextlib import contextmanager
 
-    from quantkit.pipeline import QuantizeRequest, run_quantize
-    from quantkit.progress import Reporter
-    from quantkit.recipe import load_recipe
+    from quantkit.inputs.recipe import load_recipe
+    from quantkit.run.pipeline import QuantizeRequest, run_quantize
+    from quantkit.util.progress import Reporter
 
     seen: dict[str, list[int]] = {}
 

@@ -73,8 +73,8 @@ def test_autoround_was_fed_the_gptq_engines_calibration_ids_and_scored_on_the_sa
     from transformers import AutoTokenizer
 
     from quantkit.backends.llmcompressor_run import fed_hash
-    from quantkit.calibration import calibration_windows
-    from quantkit.specs import CalibrationSpec
+    from quantkit.inputs.calibration import calibration_windows
+    from quantkit.inputs.specs import CalibrationSpec
 
     run = runs[name]
     details = run["artifact"]["details"]
@@ -100,7 +100,7 @@ def test_rows_that_do_not_fit_k_quant_blocks_fall_back_as_in_llama_cpp(runs: dic
     """SmolLM2's 576-wide rows are not a multiple of 256 (a k-quant super-block): AutoRound
     writes those tensors as Q5_0 (Q8_0 for some attn_v), and k-quants (Q4_K, Q6_K) only for the
     1536-wide ffn_down rows; llama.cpp's own Q4_K_M falls back too."""
-    from quantkit.gguf_file import read_gguf
+    from quantkit.llamacpp.gguf_file import read_gguf
 
     path = Path(runs["autoround-gguf"]["_path"]) / "artifact" / "model.gguf"
     types = {tensor.name: tensor.type_name for tensor in read_gguf(path).tensors}
@@ -200,8 +200,8 @@ def test_autoround_artifact_loads_in_plain_transformers_with_quantkits_scores(
     windows as quantkit did."""
     from transformers import AutoTokenizer
 
-    from quantkit.calibration import eval_windows
-    from quantkit.specs import EvalSpec
+    from quantkit.inputs.calibration import eval_windows
+    from quantkit.inputs.specs import EvalSpec
 
     run = runs["autoround"]
     windows = eval_windows(EvalSpec(num_windows=8, seq_len=256), AutoTokenizer.from_pretrained(smollm2))
@@ -237,7 +237,7 @@ def test_plan_estimates_the_artifact_within_5_percent(
 ) -> None:
     """The integer checkpoint as any W4 g64 one (linear layers at 4.25 bits, the rest in the
     source's fp16); AutoRound's GGUF with llama.cpp's type rules for Q4_K_M (the fallbacks)."""
-    from quantkit.plan import tensor_bytes
+    from quantkit.inputs.plan import tensor_bytes
 
     artifact = Path(runs[name]["_path"]) / "artifact"
     actual = (artifact / "model.gguf").stat().st_size if name == "autoround-gguf" else tensor_bytes(artifact)

@@ -44,7 +44,7 @@ def shuffled(smollm2: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
 def foreign_tokenizer(smollm2: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """SmolLM2's weights beside another tokenizer (a 384-token BPE): every id is in range, so
     only the figures can tell."""
-    from quantkit.testing import make_tiny_tokenizer
+    from quantkit.util.testing import make_tiny_tokenizer
 
     out = tmp_path_factory.mktemp("guard") / "foreign-tokenizer"
     shutil.copytree(smollm2, out)

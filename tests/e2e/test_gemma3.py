@@ -46,7 +46,7 @@ RECIPES = {
 
 @pytest.fixture(scope="module")
 def gemma_gguf(session_cache: Path) -> Path:
-    from quantkit.testing import gemma3_gguf
+    from quantkit.util.testing import gemma3_gguf
 
     return gemma3_gguf(session_cache / "gemma-3-270m-q4_k_m.gguf")
 
@@ -54,7 +54,7 @@ def gemma_gguf(session_cache: Path) -> Path:
 @pytest.fixture(scope="module")
 def gemma_hf(gemma_gguf: Path, session_cache: Path) -> Path:
     os.environ["QUANTKIT_CACHE"] = str(session_cache)
-    from quantkit.models import resolve_model
+    from quantkit.inputs.models import resolve_model
 
     return resolve_model(str(gemma_gguf)).path
 
@@ -124,9 +124,9 @@ def test_the_ggufs_quantkit_writes_carry_the_source_tokenizer(
     (whitespace runs, '[multimodal]') normal, and llama.cpp cut the stress text into 242 tokens
     instead of 198 ('  two' became ' ', ' two'). Now every piece's text, type and score, and the
     BOS/EOS/space-prefix flags, are the source's, and both files cut the stress text alike."""
-    from quantkit.gguf_file import read_gguf
+    from quantkit.inputs.tokenizer_check import _STRESS
+    from quantkit.llamacpp.gguf_file import read_gguf
     from quantkit.runtimes.llamacpp import LlamaCppVocabulary
-    from quantkit.tokenizer_check import _STRESS
 
     source = read_gguf(gemma_gguf)
     for name in ("f16", "q4_k_m"):
@@ -197,7 +197,7 @@ def test_a_gguf_with_one_user_defined_piece_retyped_is_refused_or_flagged(
     on quantkit's ids (4 x 256 tokens; noise 3.9 %), the report says so and the gate fails
     (exit 1) on that check alone. (All 165 user-defined pieces retyped, what the conversion
     wrote before the fix, read 1.813 bits per byte against 1.114: +63 %.)"""
-    from quantkit.testing import retyped_gguf
+    from quantkit.util.testing import retyped_gguf
 
     one = retyped_gguf(gemma_gguf, tmp_path / "one.gguf", [108], 1)
     args = ["eval", "--baseline", str(gemma_gguf), str(one), *BUDGET[:6], "--device", "cpu"]
@@ -241,7 +241,7 @@ def test_plan_predicts_llama_quantize_for_gemma(
     GiB of 0.236 before)."""
     import gguf
 
-    from quantkit.plan import gguf_tensor_types
+    from quantkit.inputs.plan import gguf_tensor_types
 
     tensors = gguf.GGUFReader(gemma_gguf).tensors
     written = {t.name: t.tensor_type.name for t in tensors if len(t.shape) > 1}  # 1-D: F32, named per arch
@@ -259,7 +259,7 @@ def test_fp8_on_gemma_is_plausible_and_close(fp8_run: dict, gemma_hf: Path, caps
     assert 10 < fp8_run["metrics"]["baseline"]["ppl"]["value"] < 60
     assert abs(quality(fp8_run, "ppl_increase_pct")) < 10
     assert 0 < quality(fp8_run, "kld_mean") < 0.1
-    from quantkit.plan import tensor_bytes
+    from quantkit.inputs.plan import tensor_bytes
 
     capsys.readouterr()
     assert main(["plan", "fp8-dynamic", "--model", str(gemma_hf), "--format", "json"]) == 0
@@ -326,7 +326,7 @@ def test_plan_estimates_the_gemma_artifacts_within_5_percent(
 ) -> None:
     """Gemma's 262k x 640 embedding stays in fp16 (the source's dtype) in the HF formats: the
     GPTQ estimate that read 0.36 GiB against a 0.71 GiB fp32-embedding artifact now holds."""
-    from quantkit.plan import tensor_bytes
+    from quantkit.inputs.plan import tensor_bytes
 
     recipe, *extra = RECIPES[name]
     capsys.readouterr()

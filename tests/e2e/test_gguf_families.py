@@ -24,7 +24,7 @@ require_extra("llama_cpp", "gguf")
 @pytest.fixture(scope="module")
 def smollm2_tokenizer(session_cache: Path) -> Path:
     os.environ["QUANTKIT_CACHE"] = str(session_cache)
-    from quantkit.models import resolve_model
+    from quantkit.inputs.models import resolve_model
 
     return resolve_model("smollm2-135m").path
 

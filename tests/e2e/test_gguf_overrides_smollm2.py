@@ -132,8 +132,8 @@ def test_plan_predicts_every_tensor_type_llama_cpp_writes(
     import gguf
 
     from quantkit.backends.base import QuantizeJob
-    from quantkit.plan import gguf_tensor_types
-    from quantkit.recipe import validate_recipe
+    from quantkit.inputs.plan import gguf_tensor_types
+    from quantkit.inputs.recipe import validate_recipe
 
     recipe = validate_recipe({"name": "mixed", "method": "gguf", "options": PLANS[case]})
     backend = recipe.backend()

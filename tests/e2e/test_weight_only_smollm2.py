@@ -164,7 +164,7 @@ def test_plan_estimates_the_artifact_weights_within_5_percent(
 ) -> None:
     """Embeddings and norms stay in the source's dtype (fp16 for the embedded SmolLM2); the
     linear layers take the scheme's bits."""
-    from quantkit.plan import tensor_bytes
+    from quantkit.inputs.plan import tensor_bytes
 
     capsys.readouterr()
     assert main(["plan", *RUNS[name], "--format", "json"]) == 0
@@ -220,8 +220,8 @@ def test_gptqmodel_artifact_loads_in_plain_transformers_with_quantkits_scores(
     checkpoint and scores the first eval windows as quantkit's evaluation did."""
     from transformers import AutoTokenizer
 
-    from quantkit.calibration import eval_windows
-    from quantkit.specs import EvalSpec
+    from quantkit.inputs.calibration import eval_windows
+    from quantkit.inputs.specs import EvalSpec
 
     run = runs["gptqmodel"]
     windows = eval_windows(EvalSpec(num_windows=8, seq_len=256), AutoTokenizer.from_pretrained(smollm2))

@@ -10,7 +10,7 @@ from conftest import require_extra
 
 from quantkit.device import baseline_dtype
 from quantkit.errors import UserInputError
-from quantkit.recipe import validate_recipe
+from quantkit.inputs.recipe import validate_recipe
 from quantkit.runtimes.base import RuntimeSettings
 
 
@@ -74,7 +74,7 @@ def test_the_bench_worker_loads_the_model_in_the_asked_precision(
 def test_lm_eval_baselines_are_cached_per_precision(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     require_extra("lm_eval", "lm-eval")
     from quantkit.evals import lm_eval_runner as runner
-    from quantkit.specs import LmEvalSpec
+    from quantkit.inputs.specs import LmEvalSpec
 
     computed: list[str] = []
 

@@ -8,16 +8,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from quantkit.calibration import calibration_windows, eval_windows, load_texts
 from quantkit.errors import CalibrationError
-from quantkit.special_tokens import tokenizer_bos, window_bos
-from quantkit.specs import CalibrationSpec, EvalSpec, TextSource
-from quantkit.tokens import hash_ids
+from quantkit.inputs.calibration import calibration_windows, eval_windows, load_texts
+from quantkit.inputs.special_tokens import tokenizer_bos, window_bos
+from quantkit.inputs.specs import CalibrationSpec, EvalSpec, TextSource
+from quantkit.inputs.tokens import hash_ids
 
 
 @pytest.fixture(scope="module")
 def bos_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from quantkit.testing import make_tiny_llama
+    from quantkit.util.testing import make_tiny_llama
 
     return make_tiny_llama(tmp_path_factory.mktemp("tiny-bos") / "tiny-bos", add_bos=True)
 

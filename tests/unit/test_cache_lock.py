@@ -36,7 +36,7 @@ def _together(call: object, times: int = 2) -> list[object]:
 def test_a_gguf_model_converted_by_another_process_is_reused(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from quantkit import gguf_source, models
+    from quantkit.inputs import gguf_source, models
 
     monkeypatch.setenv("QUANTKIT_CACHE", str(tmp_path / "cache"))
     source = tmp_path / "m.gguf"
@@ -62,12 +62,12 @@ def test_a_reference_computed_by_another_process_is_reused(
 ) -> None:
     from conftest import write_tiny_recipe
 
-    from quantkit.models import resolve_model
-    from quantkit.progress import Reporter
-    from quantkit.recipe import load_recipe
+    from quantkit.inputs.models import resolve_model
+    from quantkit.inputs.recipe import load_recipe
     from quantkit.runtimes.hf import HFRuntime
     from quantkit.stages.context import Tokens
     from quantkit.stages.reference import BaselineInputs, ensure_reference
+    from quantkit.util.progress import Reporter
 
     monkeypatch.setenv("QUANTKIT_CACHE", str(tmp_path / "cache"))
     recipe = load_recipe(write_tiny_recipe(tmp_path, tiny_model))

@@ -6,9 +6,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from quantkit.calibration import calibration_windows, eval_windows, hash_ids, load_texts
 from quantkit.errors import CalibrationError
-from quantkit.specs import CalibrationSpec, EvalSpec, TextSource
+from quantkit.inputs.calibration import calibration_windows, eval_windows, hash_ids, load_texts
+from quantkit.inputs.specs import CalibrationSpec, EvalSpec, TextSource
 
 
 @pytest.fixture(scope="module")

@@ -193,3 +193,18 @@ def test_a_missing_extra_fails_the_suite(monkeypatch: pytest.MonkeyPatch) -> Non
     monkeypatch.setenv("QUANTKIT_ALLOW_MISSING_EXTRAS", "1")
     with pytest.raises(pytest.skip.Exception):
         require_extra("quantkit_no_such_module", "gguf")
+
+
+def test_the_top_of_the_package_holds_only_what_everything_uses() -> None:
+    """At most 8 modules directly under quantkit/: the package face, ``__main__`` and the few
+    modules every layer imports; the rest live in packages named after their part."""
+    top = sorted(path.name for path in (ROOT / "quantkit").glob("*.py"))
+    assert top == [
+        "__init__.py",
+        "__main__.py",
+        "device.py",
+        "errors.py",
+        "jsontypes.py",
+        "paths.py",
+        "registry.py",
+    ]

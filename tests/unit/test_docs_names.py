@@ -22,7 +22,15 @@ _FILE_SUFFIX = re.compile(
 _PATH_ROOTS = ("quantkit/", "tests/", "bench/", "docs/", "recipes/", "calibration/", ".ci/")
 # paths the docs name as what a command writes, not files of the repository
 _WRITTEN_BY_COMMANDS = {"bench/results/gpu_check.json"}  # `make gpu-check` on a GPU machine
-MODULES = {module.name for module in pkgutil.iter_modules(quantkit.__path__)}
+# every module and package of quantkit by its dotted path under quantkit; docs name the modules
+# of the core packages by their own name (`store.load_run`: quantkit.results.store.load_run)
+_DOTTED_MODULES = [
+    m.name.removeprefix("quantkit.") for m in pkgutil.walk_packages(quantkit.__path__, "quantkit.")
+]
+_CORE = ("run", "inputs", "llamacpp", "results", "util", "metrics")
+MODULES = {name.split(".")[0] for name in _DOTTED_MODULES} | {
+    name.split(".")[1] for name in _DOTTED_MODULES if name.startswith(tuple(f"{core}." for core in _CORE))
+}
 
 
 def _ticked(path: Path) -> list[str]:
@@ -31,9 +39,18 @@ def _ticked(path: Path) -> list[str]:
 
 
 def _resolves(dotted: str) -> bool:
+    """``dotted`` names something under quantkit: as written, or with its first part read as a
+    module's own name (``store.load_run``: quantkit.results.store.load_run)."""
     parts = dotted.removesuffix("()").split(".")
-    if parts[0] != "quantkit":
-        parts = ["quantkit", *parts]
+    if parts[0] == "quantkit":
+        return _resolves_parts(parts)
+    homes = [name.split(".") for name in _DOTTED_MODULES if name.rsplit(".", 1)[-1] == parts[0]]
+    return any(_resolves_parts(["quantkit", *home, *parts[1:]]) for home in homes) or _resolves_parts(
+        ["quantkit", *parts]
+    )
+
+
+def _resolves_parts(parts: list[str]) -> bool:
     for cut in range(len(parts), 0, -1):
         try:
             target: object = importlib.import_module(".".join(parts[:cut]))
@@ -61,8 +78,8 @@ def _commands() -> set[str]:
 def _data_keys() -> set[str]:
     """Top-level keys of a recipe and of a manifest: `calibration.seq_len` and
     `metrics.quantized` name fields of files, not the modules of the same name."""
-    from quantkit.manifest import Manifest
-    from quantkit.recipe import Recipe
+    from quantkit.inputs.recipe import Recipe
+    from quantkit.results.manifest import Manifest
 
     return set(Recipe.model_fields) | set(Manifest.model_fields)
 
@@ -109,7 +126,7 @@ def test_the_check_finds_what_does_not_exist(tmp_path: Path) -> None:
     recipe field is not."""
     doc = tmp_path / "wrong.md"
     doc.write_text(
-        "`store.write_manifest`, `store.load_run`, `quantkit/nowhere.py`, `quantkit/store.py`,\n"
+        "`store.write_manifest`, `store.load_run`, `quantkit/nowhere.py`, `quantkit/results/store.py`,\n"
         "`quantkit frobnicate`, `quantkit report RUN`, `eval.seq_len`, `quantkit.metrics.NOPE`\n"
     )
     assert _missing(doc) == [

@@ -8,13 +8,13 @@ import pytest
 import torch
 from toy_runtime import TemperedRuntime, TopKOnlyRuntime
 
-from quantkit.calibration import eval_windows
 from quantkit.evals import reference as ref
 from quantkit.evals.quality import baseline_metrics, score, summarize
 from quantkit.evals.quality import targets as scored_targets
+from quantkit.inputs.calibration import eval_windows
+from quantkit.inputs.specs import EvalSpec
 from quantkit.runtimes.base import RuntimeSettings
 from quantkit.runtimes.hf import HFRuntime
-from quantkit.specs import EvalSpec
 
 SETTINGS = RuntimeSettings(device="cpu", context_length=48)
 

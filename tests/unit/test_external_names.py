@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from quantkit.external import ExternalArtifact, display_names
+from quantkit.inputs.external import ExternalArtifact, display_names
 
 
 def _gguf(path: str) -> ExternalArtifact:

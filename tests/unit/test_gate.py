@@ -9,7 +9,9 @@ from typing import Any
 import pytest
 
 from quantkit.errors import RecipeError, RunNotFoundError
-from quantkit.gate import (
+from quantkit.inputs.specs import GateSpec
+from quantkit.metrics import metric_info
+from quantkit.results.gate import (
     Check,
     GateResult,
     evaluate_gate,
@@ -20,9 +22,7 @@ from quantkit.gate import (
     to_junit,
     to_markdown,
 )
-from quantkit.metrics import metric_info
-from quantkit.specs import GateSpec
-from quantkit.window_scores import WindowScores
+from quantkit.results.window_scores import WindowScores
 
 
 def test_all_hold() -> None:

@@ -8,14 +8,14 @@ from pathlib import Path
 import pytest
 from conftest import require_extra
 
-from quantkit.gguf_file import GGUFFormatError, read_gguf
+from quantkit.llamacpp.gguf_file import GGUFFormatError, read_gguf
 
 require_extra("gguf", "gguf")
 
 
 @pytest.fixture(scope="module")
 def shipped() -> Path:
-    from quantkit.models import _embedded_gguf
+    from quantkit.inputs.models import _embedded_gguf
 
     return _embedded_gguf("smollm2-135m")
 

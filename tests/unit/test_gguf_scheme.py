@@ -8,8 +8,8 @@ from pathlib import Path
 import gguf
 import numpy as np
 
-from quantkit.gguf_scheme import gguf_scheme
-from quantkit.gguf_types import BLOCKS, GGUFTensor, ModelShape, tensor_types
+from quantkit.llamacpp.gguf_scheme import gguf_scheme
+from quantkit.llamacpp.gguf_types import BLOCKS, GGUFTensor, ModelShape, tensor_types
 
 HIDDEN, FFN, VOCAB, LAYERS = 256, 512, 320, 2
 _SHAPES = {  # ne (row length first), as llama.cpp lists a llama's tensors

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from quantkit.backends import imatrix
-from quantkit.testing import make_tiny_llama
-from quantkit.tokens import TokenWindows
+from quantkit.inputs.tokens import TokenWindows
+from quantkit.util.testing import make_tiny_llama
 
 VOCAB = 384
 

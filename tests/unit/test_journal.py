@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from quantkit.errors import ArtifactError, OutputError
-from quantkit.journal import Journal
-from quantkit.store import RunWriter, find_resumable, is_locked, partial_dir
+from quantkit.results.store import RunWriter, find_resumable, is_locked, partial_dir
+from quantkit.run.journal import Journal
 
 FINGERPRINT = {
     "recipe": {"name": "r", "options": {"bits": 4}},
@@ -109,7 +109,7 @@ def test_files_outside_the_run_are_recorded_by_absolute_path(tmp_path: Path, mon
 
 
 def test_a_held_partial_is_not_removed(tmp_path: Path) -> None:
-    from quantkit.store import remove_partial
+    from quantkit.results.store import remove_partial
 
     writer = RunWriter(tmp_path / "run")
     assert remove_partial(partial_dir(tmp_path / "run")) is False
@@ -157,7 +157,7 @@ def test_run_ids_made_in_the_same_second_do_not_collide() -> None:
     stay sortable by time with the name readable at the end."""
     import re
 
-    from quantkit.store import new_run_id
+    from quantkit.results.store import new_run_id
 
     ids = [new_run_id("gptq w4/g128") for _ in range(50)]
     assert len(set(ids)) == 50

@@ -7,7 +7,7 @@ import logging
 
 import pytest
 
-from quantkit.library_log import TERMINAL_NOTE, LibraryLog
+from quantkit.util.library_log import TERMINAL_NOTE, LibraryLog
 
 
 @pytest.fixture

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from quantkit.backends import llmcompressor_run
-from quantkit.library_log import LibraryLog
+from quantkit.util.library_log import LibraryLog
 
 
 def test_after_an_llm_compressor_run_loguru_warnings_still_go_to_the_log(

@@ -11,7 +11,7 @@ import torch
 from quantkit.backends.base import QuantizeJob
 from quantkit.backends.llmcompressor_observer import decoder_layers, layer_progress
 from quantkit.backends.llmcompressor_run import oneshot_in_place
-from quantkit.tokens import TokenWindows
+from quantkit.inputs.tokens import TokenWindows
 
 
 class Stack(torch.nn.Module):

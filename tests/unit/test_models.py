@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from quantkit.errors import ModelSourceError
-from quantkit.models import fingerprint, resolve_model
+from quantkit.inputs.models import fingerprint, resolve_model
 
 
 def test_local_folder(tiny_model: Path) -> None:

@@ -16,8 +16,8 @@ from quantkit.evals.plausibility import (
     plausibility,
     unigram_figures,
 )
-from quantkit.gate import evaluate_gate
-from quantkit.specs import GateSpec
+from quantkit.inputs.specs import GateSpec
+from quantkit.results.gate import evaluate_gate
 
 # SmolLM2-135M on 8 x 256 built-in eval tokens (tests/e2e/test_smollm2.py checks the real run)
 BASELINE = {

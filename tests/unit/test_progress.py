@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from quantkit.progress import _DropProgressBars
+from quantkit.util.progress import _DropProgressBars
 
 
 class _ReturnsNothing:

@@ -5,8 +5,8 @@ from pathlib import Path
 import pytest
 
 from quantkit.errors import RecipeError
+from quantkit.inputs.recipe import apply_overrides, load_recipe, validate_recipe
 from quantkit.paths import recipes_dir
-from quantkit.recipe import apply_overrides, load_recipe, validate_recipe
 
 SHIPPED = sorted(recipes_dir().glob("*.yaml"))
 

@@ -10,9 +10,9 @@ import pytest
 from conftest import require_extra
 
 from quantkit.evals.deployment import GAP_FLOOR_PCT, OwnWindows, deployment_score
-from quantkit.gate import evaluate_gate, tokenization_check
-from quantkit.specs import GateSpec
-from quantkit.tokenizer_check import first_difference
+from quantkit.inputs.specs import GateSpec
+from quantkit.inputs.tokenizer_check import first_difference
+from quantkit.results.gate import evaluate_gate, tokenization_check
 
 require_extra("llama_cpp", "gguf")
 
@@ -37,10 +37,10 @@ def test_smollm2s_gguf_cuts_every_text_as_its_tokenizer_and_a_retyped_one_is_ref
     parses it as one token, and the check names the text, the position and the pieces."""
     from transformers import AutoTokenizer
 
-    from quantkit.calibration import builtin_texts
+    from quantkit.inputs.calibration import builtin_texts
+    from quantkit.inputs.tokenizer_check import TokenizerMismatchError, check_tokenization, stress_text
     from quantkit.runtimes.llamacpp import LlamaCppVocabulary
-    from quantkit.testing import retyped_gguf
-    from quantkit.tokenizer_check import TokenizerMismatchError, check_tokenization, stress_text
+    from quantkit.util.testing import retyped_gguf
 
     tokenizer = AutoTokenizer.from_pretrained(smollm2)
     stress = stress_text(tokenizer)
@@ -73,7 +73,7 @@ def test_smollm2s_gguf_cuts_every_text_as_its_tokenizer_and_a_retyped_one_is_ref
     assert err.value.hint == "the hint" and err.value.exit_code == 2
 
     # the check every F16 GGUF llama.cpp's converter writes passes before it is cached
-    from quantkit.tokenizer_check import CONVERTED_HINT, check_converted_tokenizer
+    from quantkit.inputs.tokenizer_check import CONVERTED_HINT, check_converted_tokenizer
 
     assert check_converted_tokenizer(smollm2, shipped_gguf()).texts["stress"] == check.texts["stress"]
     with pytest.raises(TokenizerMismatchError, match=r"^the converted GGUF tokenizes the stress text") as err:

@@ -6,10 +6,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import ClassVar, Protocol
 
-from quantkit.progress import Reporter
 from quantkit.sweep.baseline import BaselineJob, BaselineOutcome
 from quantkit.sweep.spec import SweepSpec
 from quantkit.sweep.task import RunOutcome, RunTask
+from quantkit.util.progress import Reporter
 
 
 class Executor(Protocol):

@@ -13,10 +13,10 @@ from pathlib import Path
 from typing import ClassVar
 
 from quantkit.device import cpu_threads
-from quantkit.progress import Reporter
 from quantkit.sweep.baseline import BaselineJob, BaselineOutcome, run_baseline_job
 from quantkit.sweep.spec import SweepSpec
 from quantkit.sweep.task import RunOutcome, RunTask, execute
+from quantkit.util.progress import Reporter
 
 
 def _gpu_count() -> int:

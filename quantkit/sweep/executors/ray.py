@@ -13,10 +13,10 @@ from typing import ClassVar
 from urllib.parse import urlparse
 
 from quantkit.errors import MissingDependencyError, UserInputError
-from quantkit.progress import Reporter
 from quantkit.sweep.baseline import BaselineJob, BaselineOutcome
 from quantkit.sweep.spec import SweepSpec
 from quantkit.sweep.task import RunOutcome, RunTask
+from quantkit.util.progress import Reporter
 
 RAY_HINT = "start a cluster with `ray start --head` (and `ray start --address HEAD:6379` on each worker)"
 AUTH_HINT = (
@@ -135,7 +135,7 @@ class RayExecutor:
         from ray._raylet import GcsClient  # type: ignore[attr-defined]
         from ray.exceptions import AuthenticationError
 
-        from quantkit.progress import native_stderr_captured
+        from quantkit.util.progress import native_stderr_captured
 
         try:
             with native_stderr_captured(verbose=False, source="ray"):  # the C++ client logs each refusal

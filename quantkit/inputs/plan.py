@@ -17,7 +17,7 @@ from quantkit.errors import UserInputError
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
-    from quantkit.gguf_types import GGUFTensor, ModelShape, Overrides
+    from quantkit.llamacpp.gguf_types import GGUFTensor, ModelShape, Overrides
 
 GIB = 1024**3
 # Usable memory of named devices (bytes); "auto" means this machine's.
@@ -178,7 +178,7 @@ def estimate(model_path: Path, target: Target, serving: Serving) -> Plan:
 def gguf_tensors(model_path: Path) -> tuple[list[GGUFTensor], ModelShape]:
     """The tensors of the GGUF llama.cpp's converter makes from an HF folder (its names, ``ne``
     and order), and the hyperparameters the quantization rules read."""
-    from quantkit.gguf_types import GGUFTensor, ModelShape, gguf_name
+    from quantkit.llamacpp.gguf_types import GGUFTensor, ModelShape, gguf_name
 
     config = json.loads((model_path / "config.json").read_text(encoding="utf-8"))
     config = config.get("text_config", config)
@@ -201,8 +201,8 @@ def gguf_tensor_types(
     model_path: Path, file_type: str, imatrix: bool = False, overrides: Overrides | None = None
 ) -> list[tuple[GGUFTensor, str]]:
     """Each tensor of the GGUF llama-quantize makes from an HF folder, with the ggml type
-    llama.cpp picks for it (``quantkit.gguf_types``)."""
-    from quantkit.gguf_types import tensor_types
+    llama.cpp picks for it (``quantkit.llamacpp.gguf_types``)."""
+    from quantkit.llamacpp.gguf_types import tensor_types
 
     tensors, shape = gguf_tensors(model_path)
     types = tensor_types(tensors, file_type, shape, imatrix, overrides)
@@ -220,7 +220,7 @@ def gguf_bytes(
     model_path: Path, file_type: str, imatrix: bool = False, overrides: Overrides | None = None
 ) -> int:
     """Size of that GGUF: its tensors in their types plus the vocabulary it carries."""
-    from quantkit.gguf_types import tensor_bytes
+    from quantkit.llamacpp.gguf_types import tensor_bytes
 
     tensors = gguf_tensor_types(model_path, file_type, imatrix, overrides)
     return sum(tensor_bytes(tensor, kind) for tensor, kind in tensors) + vocabulary_bytes(model_path)

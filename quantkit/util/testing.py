@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from quantkit.calibration import load_texts
+from quantkit.inputs.calibration import load_texts
 
 
 def make_tiny_tokenizer(out: Path, vocab_size: int = 384, add_bos: bool = False) -> None:
@@ -14,7 +14,7 @@ def make_tiny_tokenizer(out: Path, vocab_size: int = 384, add_bos: bool = False)
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
     from transformers import PreTrainedTokenizerFast
 
-    from quantkit.specs import TextSource
+    from quantkit.inputs.specs import TextSource
 
     tokenizer = Tokenizer(models.BPE())
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)

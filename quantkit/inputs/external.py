@@ -126,7 +126,7 @@ def _inspect_gguf(path: Path) -> ExternalArtifact:
     hint = f"give {_WHAT}; a damaged GGUF must be copied or downloaded again"
     files = _split_files(path)
     header = check_gguf(path, hint)
-    from quantkit.gguf_scheme import gguf_scheme
+    from quantkit.llamacpp.gguf_scheme import gguf_scheme
 
     def value(key: str) -> JsonValue:
         contents = header.value(key)
@@ -153,7 +153,7 @@ def _inspect_gguf(path: Path) -> ExternalArtifact:
 
 
 def _inspect_run(path: Path) -> ExternalArtifact:
-    from quantkit.store import load_run
+    from quantkit.results.store import load_run
 
     record = load_run(path)
     info = record.manifest.artifact
@@ -226,7 +226,7 @@ def _compressed_tensors_scheme(raw: dict[str, JsonValue]) -> tuple[str, float | 
 
 
 def _inspect_hf(path: Path) -> ExternalArtifact:
-    from quantkit.models import check_causal_lm, read_config, weight_files
+    from quantkit.inputs.models import check_causal_lm, read_config, weight_files
 
     check_causal_lm(path, trust_remote_code=False)
     config = read_config(path)
@@ -273,7 +273,7 @@ def import_external(artifact: ExternalArtifact, out_dir: Path) -> str:
 
 def provenance(artifact: ExternalArtifact) -> dict[str, JsonValue]:
     """Where the artifact came from: path, size, sha256 of each file, and its own metadata."""
-    from quantkit.fileio import file_sha256
+    from quantkit.util.fileio import file_sha256
 
     root = artifact.path if artifact.path.is_dir() else artifact.path.parent
     hashes: dict[str, JsonValue] = {str(p.relative_to(root)): file_sha256(p) for p in artifact.files}
@@ -290,7 +290,7 @@ def provenance(artifact: ExternalArtifact) -> dict[str, JsonValue]:
 def artifact_tokens(artifact: ExternalArtifact) -> list[str] | None:
     """The artifact's own token strings by id (None when it carries no tokenizer)."""
     if artifact.format == "gguf":
-        from quantkit.gguf_file import read_gguf
+        from quantkit.llamacpp.gguf_file import read_gguf
 
         tokens = read_gguf(artifact.path).value("tokenizer.ggml.tokens")
         return None if tokens is None else [str(token) for token in tokens]

@@ -7,17 +7,17 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 from quantkit.errors import CalibrationError
+from quantkit.inputs.special_tokens import window_bos
+from quantkit.inputs.tokens import TokenWindows, hash_ids
 from quantkit.paths import builtin_text_dir
-from quantkit.special_tokens import window_bos
-from quantkit.tokens import TokenWindows, hash_ids
 
 if TYPE_CHECKING:
     import numpy as np
     import numpy.typing as npt
     from transformers import PreTrainedTokenizerBase
 
+    from quantkit.inputs.specs import CalibrationSpec, EvalSpec, TextSource
     from quantkit.jsontypes import JsonDict
-    from quantkit.specs import CalibrationSpec, EvalSpec, TextSource
 
 Role = Literal["calibration", "eval"]
 _BUILTIN_FILES = {"calibration": "calib.jsonl", "eval": "eval.jsonl"}
@@ -98,7 +98,7 @@ def load_texts(src: TextSource, role: Role) -> list[str]:
 
 def builtin_texts() -> dict[str, str]:
     """The built-in calibration and evaluation text, as the windows are cut from them."""
-    from quantkit.specs import TextSource
+    from quantkit.inputs.specs import TextSource
 
     return {role: "\n\n".join(load_texts(TextSource(), role)) for role in ("calibration", "eval")}
 
@@ -194,7 +194,7 @@ def calibration_windows(spec: CalibrationSpec, tokenizer: PreTrainedTokenizerBas
 
 def eval_windows(spec: EvalSpec, tokenizer: PreTrainedTokenizerBase) -> TokenWindows:
     """``num_windows`` consecutive windows of the evaluation text from ``first_window`` on, each led by the
-    model's BOS when its tokenizer adds one (``quantkit.special_tokens``)."""
+    model's BOS when its tokenizer adds one (``quantkit.inputs.special_tokens``)."""
     bos = window_bos(tokenizer, spec.add_bos, "eval")
     stream = _token_stream(window_text(spec, tokenizer, "eval"), tokenizer, bos)
     first = spec.first_window

@@ -74,7 +74,7 @@ def ensure_converter(log: Callable[[str], None] = lambda message: None) -> Path:
     target = converter_dir()
     if (target / "convert_hf_to_gguf.py").is_file():
         return target
-    from quantkit.fileio import cache_entry_lock
+    from quantkit.util.fileio import cache_entry_lock
 
     with cache_entry_lock(target):  # another process may be fetching it: wait, then reuse
         if (target / "convert_hf_to_gguf.py").is_file():

@@ -119,7 +119,7 @@ def check_tokenization(
     """Refuse ``own`` (the file ``what``) unless it cuts each of ``texts`` (name -> text) into the
     baseline ``tokenizer``'s ids (``compare_ids``) and adds BOS as the baseline does. The
     message names the text, the first differing position and the pieces on both sides."""
-    from quantkit.special_tokens import tokenizer_bos
+    from quantkit.inputs.special_tokens import tokenizer_bos
 
     counts, mismatch = compare_ids(tokenizer, own, texts)
     if mismatch is not None:
@@ -158,7 +158,7 @@ def check_converted_tokenizer(model_dir: Path, gguf_path: Path) -> TokenizationC
     the folder's own tokenizer on the built-in calibration and eval texts and ``stress_text``."""
     from transformers import AutoTokenizer
 
-    from quantkit.calibration import builtin_texts
+    from quantkit.inputs.calibration import builtin_texts
     from quantkit.runtimes.llamacpp import LlamaCppVocabulary
 
     tokenizer = AutoTokenizer.from_pretrained(model_dir)

@@ -12,8 +12,8 @@ from pathlib import Path
 from typing import Any
 
 from quantkit.errors import ModelSourceError
-from quantkit.fileio import cache_entry_lock, file_sha256, write_text_atomic
 from quantkit.paths import cache_dir
+from quantkit.util.fileio import cache_entry_lock, file_sha256, write_text_atomic
 
 DEFAULT_MODEL = "smollm2-135m"
 _EMBEDDED = {
@@ -68,7 +68,7 @@ class ModelSource:
 
     def parameters(self) -> int | None:
         """Parameters stored in its safetensors files (None for .bin-only folders)."""
-        from quantkit.plan import count_parameters
+        from quantkit.inputs.plan import count_parameters
 
         return count_parameters(self.path) or None
 
@@ -205,7 +205,7 @@ def _gguf_hint(path: Path) -> str:
 def gguf_model_path(path: Path) -> Path:
     """The HF folder of a GGUF file, converted once into the model cache (keyed by the file's
     path, size and modification time; the conversion records the file's sha256)."""
-    from quantkit.gguf_source import CONVERSION_VERSION, convert_gguf
+    from quantkit.inputs.gguf_source import CONVERSION_VERSION, convert_gguf
 
     resolved = path.resolve()
     stat = resolved.stat()
@@ -275,7 +275,7 @@ def embedded_model_path(name: str = DEFAULT_MODEL) -> Path:
     if (target / "config.json").is_file() and weight_files(target):
         return target
     gguf_path = _embedded_gguf(name)
-    from quantkit.gguf_source import convert_gguf
+    from quantkit.inputs.gguf_source import convert_gguf
 
     # in the GGUF's precision class (fp16 for its Q4_1 blocks), like any GGUF given as --model;
     # a damaged install fails in the conversion's GGUF check, clearly

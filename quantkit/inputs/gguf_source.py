@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     import torch
     from transformers import PreTrainedTokenizerBase
 
-    from quantkit.gguf_file import GGUFFile
+    from quantkit.llamacpp.gguf_file import GGUFFile
 
 CONVERSION_VERSION = 2  # bump when the conversion's output changes (2: user-defined pieces declared)
 _SPM_FILE = "tokenizer.model"
@@ -37,7 +37,7 @@ class GGUFMetadata:
     """The metadata fields of a GGUF file that the conversion needs (read once)."""
 
     def __init__(self, path: Path, header: GGUFFile | None = None) -> None:
-        from quantkit.gguf_file import read_gguf
+        from quantkit.llamacpp.gguf_file import read_gguf
 
         self.path = path
         self.fields = (header or read_gguf(path)).fields
@@ -202,9 +202,9 @@ def _repair_byte_level(tokenizer: Any, meta: GGUFMetadata) -> None:
 def check_tokenizer(tokenizer: PreTrainedTokenizerBase, gguf_path: Path, texts: dict[str, str]) -> None:
     """Refuse a tokenizer whose ids differ from llama.cpp's on any of ``texts`` (name -> text),
     or whose BOS rule differs from the GGUF's ``add_bos_token``; the message shows where."""
+    from quantkit.inputs.special_tokens import tokenizer_bos
+    from quantkit.inputs.tokenizer_check import compare_ids, file_bos
     from quantkit.runtimes.llamacpp import LlamaCppVocabulary
-    from quantkit.special_tokens import tokenizer_bos
-    from quantkit.tokenizer_check import compare_ids, file_bos
 
     vocab = LlamaCppVocabulary.load(gguf_path)
     try:
@@ -243,10 +243,10 @@ def convert_gguf(
     is refused first, with ``damaged_hint``."""
     from transformers import AutoTokenizer
 
-    from quantkit.calibration import builtin_texts
-    from quantkit.fileio import share_modes
+    from quantkit.inputs.calibration import builtin_texts
+    from quantkit.inputs.tokenizer_check import stress_text
     from quantkit.runtimes.llamacpp import check_gguf
-    from quantkit.tokenizer_check import stress_text
+    from quantkit.util.fileio import share_modes
 
     meta = GGUFMetadata(gguf_path, check_gguf(gguf_path, damaged_hint))
     check_convertible(meta)

@@ -3,7 +3,7 @@
 A GGUF header names one file type (``general.file_type``: Q8_0, Q4_K_M...), also when its
 tensors were given other types (llama-quantize's ``--tensor-type``, a searched mix). The
 label is that name only when the quantized tensors are what llama-quantize's preset for the
-type writes (``quantkit.gguf_types``, with or without an importance matrix); otherwise
+type writes (``quantkit.llamacpp.gguf_types``, with or without an importance matrix); otherwise
 "mixed", with the share of the quantized weights each type holds.
 """
 
@@ -13,8 +13,8 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
-from quantkit.gguf_file import GGUFFile, read_gguf
-from quantkit.gguf_types import DEFAULT_TYPE, GGUFTensor, ModelShape, quantized, tensor_types
+from quantkit.llamacpp.gguf_file import GGUFFile, read_gguf
+from quantkit.llamacpp.gguf_types import DEFAULT_TYPE, GGUFTensor, ModelShape, quantized, tensor_types
 
 _SPECIAL = ("token_embd.weight", "output.weight")  # presets and flags type these on their own
 _SHOWN_TYPES = 2  # types named in a mixed label; the rest are counted

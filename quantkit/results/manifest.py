@@ -1,4 +1,4 @@
-"""The run manifest as typed, versioned pydantic models (read and written by ``quantkit.store``).
+"""The run manifest as typed, versioned pydantic models (read and written by ``quantkit.results.store``).
 
 Schema 2 adds, to schema 1: the run's display ``name``, the model's parameter count, the
 artifact's whole-file bits per weight, the runtime that scored it, and the bench's
@@ -13,11 +13,11 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, JsonValue
 
 from quantkit.evals.deployment import DeploymentScore
-from quantkit.gate import GateResult
+from quantkit.inputs.recipe import Recipe
+from quantkit.inputs.specs import LmEvalSpec, RunKind
 from quantkit.metrics import metric_info
-from quantkit.recipe import Recipe
+from quantkit.results.gate import GateResult
 from quantkit.serving.record import ServedQuality, ServeSection
-from quantkit.specs import LmEvalSpec, RunKind
 
 MANIFEST_SCHEMA = 3  # 3: each stage's typed result in its stage record
 READABLE_SCHEMAS = (1, 2, 3)

@@ -12,8 +12,7 @@ from typing import TYPE_CHECKING
 
 from quantkit import __version__
 from quantkit.device import dtype_bits
-from quantkit.library_log import LIBRARY_LOG, LOG_NAME
-from quantkit.manifest import (
+from quantkit.results.manifest import (
     MANIFEST_SCHEMA,
     BaselineInfo,
     EnvironmentInfo,
@@ -28,12 +27,13 @@ from quantkit.manifest import (
     with_info,
 )
 from quantkit.serving.record import cost_per_task
+from quantkit.util.library_log import LIBRARY_LOG, LOG_NAME
 
 if TYPE_CHECKING:
     from pathlib import Path
 
-    from quantkit.gate import GateResult
-    from quantkit.models import ModelSource
+    from quantkit.inputs.models import ModelSource
+    from quantkit.results.gate import GateResult
     from quantkit.stages.context import RunContext
 
 
@@ -121,7 +121,7 @@ def _stage_records(ctx: RunContext) -> dict[str, StageRecord]:
 def gate_verdict(ctx: RunContext) -> GateResult | None:
     """The recipe's gates over the run's metrics (None when it sets no threshold)."""
     from quantkit.evals.plausibility import artifact_check
-    from quantkit.gate import evaluate_gate
+    from quantkit.results.gate import evaluate_gate
 
     if ctx.recipe.gates.is_empty():
         return None
@@ -190,7 +190,7 @@ def build_manifest(ctx: RunContext, header: RunHeader) -> Manifest:
 def write_run_files(ctx: RunContext, manifest: Manifest) -> list[Path]:
     """manifest.json, recipe.yaml, eval_windows.json and the run's report.md/json."""
     from quantkit.report import render, table
-    from quantkit.store import RunRecord
+    from quantkit.results.store import RunRecord
 
     run = ctx.run
     windows = ctx.results.window_scores()

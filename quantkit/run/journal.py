@@ -18,7 +18,7 @@ from pathlib import Path
 from pydantic import JsonValue
 
 from quantkit.errors import OutputError
-from quantkit.fileio import file_sha256, fsync_dir, fsync_file, write_text_atomic
+from quantkit.util.fileio import file_sha256, fsync_dir, fsync_file, write_text_atomic
 
 JOURNAL = "progress.json"
 JOURNAL_SCHEMA = 2  # 2: typed stage results (quantkit 0.2)

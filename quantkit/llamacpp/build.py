@@ -18,7 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from quantkit.errors import BackendError, MissingDependencyError
-from quantkit.llama_cpp_convert import PACKAGE, bindings_version, download_sdist
+from quantkit.llamacpp.convert import PACKAGE, bindings_version, download_sdist
 from quantkit.paths import cache_dir
 
 TOOLS = ("llama-server", "llama-perplexity")
@@ -50,7 +50,7 @@ def build_tool(tool: str, jobs: int = 2, log: Callable[[str], None] = lambda mes
         raise MissingDependencyError(
             f"building {tool} needs cmake", "pip install cmake (or apt install cmake)"
         )
-    from quantkit.fileio import cache_entry_lock
+    from quantkit.util.fileio import cache_entry_lock
 
     with cache_entry_lock(binary):  # another process may be building it: wait, then reuse
         if binary.is_file():
@@ -89,6 +89,6 @@ def _run(command: list[str], tool: str) -> None:
         raise BackendError(f"building {tool} failed: {last}", f"rerun by hand: {' '.join(command)}")
 
 
-if __name__ == "__main__":  # python -m quantkit.llama_cpp_build llama-server [jobs]
+if __name__ == "__main__":  # python -m quantkit.llamacpp.build llama-server [jobs]
     jobs = int(sys.argv[2]) if len(sys.argv) > 2 else os.cpu_count() or 2
     print(build_tool(sys.argv[1], jobs, log=lambda message: print(message, flush=True)))

@@ -16,13 +16,8 @@ from pydantic import JsonValue
 
 from quantkit import __version__
 from quantkit.errors import ArtifactError, OutputError, QuantkitError, UserInputError
-from quantkit.faults import failpoint
-from quantkit.library_log import LIBRARY_LOG
-from quantkit.progress import Reporter, library_bars_hidden, quiet_libraries
-from quantkit.recipe import Recipe
-from quantkit.stages.context import RunContext, RunSettings, Tokens
-from quantkit.stages.results import RunResults
-from quantkit.store import (
+from quantkit.inputs.recipe import Recipe
+from quantkit.results.store import (
     RunRecord,
     RunUpdater,
     RunWriter,
@@ -33,20 +28,25 @@ from quantkit.store import (
     partial_dir,
     remove_partial,
 )
+from quantkit.stages.context import RunContext, RunSettings, Tokens
+from quantkit.stages.results import RunResults
+from quantkit.util.faults import failpoint
+from quantkit.util.library_log import LIBRARY_LOG
+from quantkit.util.progress import Reporter, library_bars_hidden, quiet_libraries
 
 if TYPE_CHECKING:
     from quantkit.backends.base import Backend, BackendOptions
-    from quantkit.gate import GateResult
-    from quantkit.journal import Journal
-    from quantkit.manifest import Manifest, ResumeInfo
-    from quantkit.models import ModelSource
+    from quantkit.inputs.models import ModelSource
+    from quantkit.inputs.specs import BenchSpec, LmEvalSpec
+    from quantkit.inputs.tokens import TokenWindows
+    from quantkit.results.gate import GateResult
+    from quantkit.results.manifest import Manifest, ResumeInfo
+    from quantkit.run.journal import Journal
     from quantkit.serving.endpoint import Endpoint
     from quantkit.serving.loadgen import LoadSpec
     from quantkit.serving.record import ServeSideName
-    from quantkit.specs import BenchSpec, LmEvalSpec
     from quantkit.stages.base import Stage
     from quantkit.stages.results import StageResult
-    from quantkit.tokens import TokenWindows
 
 
 @dataclass
@@ -95,8 +95,8 @@ def run_quantize(request: QuantizeRequest, reporter: Reporter | None = None) -> 
 
 def _preflight(request: QuantizeRequest, source: ModelSource, device: str) -> None:
     """Everything that can be refused before a folder is made: model fit, lm-eval task names."""
-    from quantkit.models import text_config
-    from quantkit.plan import check_quantization_fits, count_parameters
+    from quantkit.inputs.models import text_config
+    from quantkit.inputs.plan import check_quantization_fits, count_parameters
 
     backend = request.recipe.backend()
     backend.check_model(text_config(source.path))
@@ -173,7 +173,7 @@ def _run_quantize(request: QuantizeRequest, reporter: Reporter) -> RunResult:
 def _prepare(request: QuantizeRequest, backend: Backend[BackendOptions], reporter: Reporter) -> _Prepared:
     """Resolve the model and device, refuse what cannot run, pick the folder, tokenize."""
     from quantkit.device import resolve_device
-    from quantkit.models import resolve_model
+    from quantkit.inputs.models import resolve_model
 
     recipe = request.recipe
     device = resolve_device(request.device or recipe.device)
@@ -213,10 +213,10 @@ def _stages_and_manifest(
     ctx: RunContext, request: QuantizeRequest, prepared: _Prepared, total_start: float
 ) -> Manifest:
     """Run (or resume) every stage, then write the manifest, recipe and reports."""
-    from quantkit.environment import environment
-    from quantkit.finalize import RunHeader, build_manifest, now, write_run_files
-    from quantkit.manifest import WindowsInfo
+    from quantkit.results.manifest import WindowsInfo
+    from quantkit.run.finalize import RunHeader, build_manifest, now, write_run_files
     from quantkit.stages.runner import StageRunner
+    from quantkit.util.environment import environment
 
     journal, calibration = ctx.journal, prepared.calibration
     if journal.stages:
@@ -249,14 +249,14 @@ def _check_gguf_tokenizer(source: ModelSource, tokens: Tokens) -> None:
     gguf = source.gguf()
     texts = tokens.own_texts() if gguf is not None else {}
     if gguf is not None and texts:
-        from quantkit.gguf_source import check_tokenizer
+        from quantkit.inputs.gguf_source import check_tokenizer
 
         check_tokenizer(tokens.tokenizer(), gguf, texts)
 
 
 def _resume_info(journal: Journal) -> ResumeInfo:
-    from quantkit.journal import fingerprint_digest
-    from quantkit.manifest import ResumeInfo
+    from quantkit.results.manifest import ResumeInfo
+    from quantkit.run.journal import fingerprint_digest
 
     return ResumeInfo(
         fingerprint_sha256=fingerprint_digest(journal.fingerprint),
@@ -285,7 +285,7 @@ def _fingerprint(
     windows: TokenWindows,
 ) -> dict[str, JsonValue]:
     """Everything a resumed run must share with the interrupted one."""
-    from quantkit.environment import library_versions
+    from quantkit.util.environment import library_versions
 
     libraries: dict[str, JsonValue] = dict(library_versions())
     return {
@@ -367,7 +367,7 @@ def eval_run(
     verbose: bool = False,
 ) -> RunResult:
     """Run lm-eval tasks on a finished run: a new ``evals`` entry, or the same entry again."""
-    from quantkit.specs import EvalEntry
+    from quantkit.inputs.specs import EvalEntry
     from quantkit.stages.lm_eval import LmEvalStage
 
     manifest = record.manifest
@@ -390,10 +390,10 @@ def _update_run(
 ) -> RunResult:
     """Run ``stage`` on the finished run in ``record`` (again, if it ran before) and rewrite
     its manifest, recipe and reports, under the run's lock."""
-    from quantkit.finalize import RunHeader, build_manifest, write_run_files
-    from quantkit.journal import Journal
-    from quantkit.manifest import EvalInfo, WindowsInfo
-    from quantkit.models import ModelSource
+    from quantkit.inputs.models import ModelSource
+    from quantkit.results.manifest import EvalInfo, WindowsInfo
+    from quantkit.run.finalize import RunHeader, build_manifest, write_run_files
+    from quantkit.run.journal import Journal
     from quantkit.stages.restore import restore
     from quantkit.stages.runner import StageRunner
 

@@ -17,7 +17,7 @@ from collections.abc import Collection
 from pathlib import Path
 
 from quantkit.errors import BackendError
-from quantkit.gguf_file import MAGIC, TensorInfo, _Parser, read_gguf
+from quantkit.llamacpp.gguf_file import MAGIC, TensorInfo, _Parser, read_gguf
 
 _DEFAULT_ALIGNMENT = 32
 

@@ -9,7 +9,7 @@ from importlib import metadata
 
 from pydantic import JsonValue
 
-from quantkit.manifest import EnvironmentInfo
+from quantkit.results.manifest import EnvironmentInfo
 
 # The one list of libraries whose versions change quantkit's numbers.
 LIBRARIES = (

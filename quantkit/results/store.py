@@ -14,10 +14,10 @@ from typing import IO
 from pydantic import JsonValue, ValidationError
 
 from quantkit.errors import ArtifactError, OutputError, RunNotFoundError
-from quantkit.faults import failpoint
-from quantkit.fileio import fsync_dir, share_modes, write_json_atomic, write_text_atomic
-from quantkit.journal import JOURNAL, Journal
-from quantkit.manifest import READABLE_SCHEMAS, Manifest
+from quantkit.results.manifest import READABLE_SCHEMAS, Manifest
+from quantkit.run.journal import JOURNAL, Journal
+from quantkit.util.faults import failpoint
+from quantkit.util.fileio import fsync_dir, share_modes, write_json_atomic, write_text_atomic
 
 MANIFEST = "manifest.json"
 

@@ -12,9 +12,7 @@ from pydantic import BaseModel, Field, JsonValue, ValidationError
 
 from quantkit.backends import get_backend
 from quantkit.errors import RecipeError
-from quantkit.paths import recipes_dir
-from quantkit.registry import did_you_mean
-from quantkit.specs import (
+from quantkit.inputs.specs import (
     BaselineSpec,
     BenchSpec,
     CalibrationSpec,
@@ -23,6 +21,8 @@ from quantkit.specs import (
     GateSpec,
     StrictModel,
 )
+from quantkit.paths import recipes_dir
+from quantkit.registry import did_you_mean
 
 if TYPE_CHECKING:
     from quantkit.backends.base import Backend, BackendOptions

@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from quantkit.errors import RecipeError
-from quantkit.gguf_types import (
+from quantkit.llamacpp.gguf_types import (
     BLOCKS,
     DEFAULT_TYPE,
     TENSOR_NEEDS_IMATRIX,
@@ -28,7 +28,7 @@ from quantkit.gguf_types import (
 if TYPE_CHECKING:
     from pydantic import JsonValue
 
-    from quantkit.gguf_types import Decision, GGUFTensor, Overrides
+    from quantkit.llamacpp.gguf_types import Decision, GGUFTensor, Overrides
 
 WHERE = "options.tensor_types"
 # Python-only syntax that std::regex (ECMAScript) rejects: (?P<name>...), look-behind, inline
@@ -102,7 +102,7 @@ def check_pattern(pattern: str) -> None:
 def check_overrides(tensors: list[GGUFTensor], overrides: Overrides, imatrix: bool) -> None:
     """Refuse overrides that would name no tensor of this model, lose to an earlier pattern
     everywhere, need an importance matrix that is not computed, or not fit a tensor's rows."""
-    from quantkit.gguf_types import override_decisions
+    from quantkit.llamacpp.gguf_types import override_decisions
 
     decisions = override_decisions(tensors, overrides)
     for pattern, _kind in overrides.tensor_types:
@@ -138,7 +138,7 @@ def check_overrides(tensors: list[GGUFTensor], overrides: Overrides, imatrix: bo
 
 def summary(tensors: list[GGUFTensor], overrides: Overrides, written: Mapping[str, str]) -> list[JsonValue]:
     """Each override with the tensors it took and the types llama.cpp wrote for them."""
-    from quantkit.gguf_types import override_decisions
+    from quantkit.llamacpp.gguf_types import override_decisions
 
     decisions = override_decisions(tensors, overrides)
     entries: list[tuple[str, str | None, str]] = [

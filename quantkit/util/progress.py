@@ -24,7 +24,7 @@ def quiet_libraries(verbose: bool) -> None:
     them on the terminal when ``verbose``."""
     import os
 
-    from quantkit.library_log import LIBRARY_LOG
+    from quantkit.util.library_log import LIBRARY_LOG
 
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     if not verbose:
@@ -104,7 +104,7 @@ def native_stderr_captured(verbose: bool, source: str = "llama.cpp") -> Iterator
     import sys
     import tempfile
 
-    from quantkit.library_log import LIBRARY_LOG
+    from quantkit.util.library_log import LIBRARY_LOG
 
     lines: list[str] = []
     if verbose:

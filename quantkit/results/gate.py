@@ -27,9 +27,9 @@ from pydantic.dataclasses import dataclass
 from quantkit.errors import RecipeError, RunNotFoundError
 from quantkit.evals import significance as sig
 from quantkit.evals.plausibility import Plausibility
+from quantkit.inputs.specs import GateSpec
 from quantkit.metrics import METRICS, MetricInfo, format_metric
-from quantkit.specs import GateSpec
-from quantkit.window_scores import WINDOWS_SCHEMA, WindowScores
+from quantkit.results.window_scores import WINDOWS_SCHEMA, WindowScores
 
 
 def gate_fields() -> dict[str, tuple[str, Literal["max", "min"]]]:
@@ -320,7 +320,7 @@ def load_windows(run_dir: Path) -> WindowScores | None:
 def _validate_spec(
     data: Mapping[str, JsonValue], where: str, hint: str, prefix: tuple[str, ...] = ()
 ) -> GateSpec:
-    from quantkit.recipe import format_validation_error
+    from quantkit.inputs.recipe import format_validation_error
 
     try:
         return GateSpec.model_validate(dict(data))
@@ -337,7 +337,7 @@ def load_gate_file(path: Path) -> GateSpec:
     is an error with a did-you-mean hint. ``model_fields_set`` of the result says which fields
     the file sets (an explicit ``null`` clears a threshold inherited from the recipe).
     """
-    from quantkit.recipe import read_yaml
+    from quantkit.inputs.recipe import read_yaml
 
     data = read_yaml(path, "gate file", MAX_GATE_FILE_BYTES)
     example = "e.g. 'max_kld_mean: 0.05' on its own line; see docs/ci.md"

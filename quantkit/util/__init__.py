@@ -1,0 +1,1 @@
+"""Small helpers every layer uses: atomic files, environment facts, failpoints, library logs, progress."""
