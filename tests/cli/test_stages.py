@@ -138,3 +138,36 @@ def test_an_unknown_eval_runtime_is_refused(tmp_path: Path, tiny_recipe: Path, c
     )
     assert code == 2 and "unknown runtime 'vllm'" in err and "hint:" in err
     assert not (tmp_path / "x").exists()
+
+
+def test_one_model_in_memory_at_a_time(tmp_path: Path, tiny_recipe: Path, capsys, monkeypatch) -> None:
+    """Every model a stage loaded is freed before the next stage loads one: the baseline's
+    after the reference, the quantization model (which llm-compressor's session would keep)
+    before the artifact is evaluated, and the artifact's by the end of the run (issue #35)."""
+    import weakref
+
+    from transformers import GenerationMixin, PreTrainedModel
+
+    from quantkit.runtimes.hf import HFRuntime
+
+    made: list[weakref.ref[PreTrainedModel]] = []
+    alive_at_load: list[int] = []
+    real_init, real_load = PreTrainedModel.__init__, HFRuntime.load.__func__
+
+    def recording_init(self: PreTrainedModel, *args: object, **kwargs: object) -> None:
+        real_init(self, *args, **kwargs)
+        if isinstance(self, GenerationMixin):  # a whole causal LM, not its inner LlamaModel
+            made.append(weakref.ref(self))
+
+    def checked_load(cls: type[HFRuntime], *args: object, **kwargs: object) -> HFRuntime:
+        alive_at_load.append(sum(ref() is not None for ref in made))
+        return real_load(cls, *args, **kwargs)
+
+    monkeypatch.setenv("QUANTKIT_CACHE", str(tmp_path / "cache"))  # the reference is computed, not reused
+    monkeypatch.setattr(PreTrainedModel, "__init__", recording_init)
+    monkeypatch.setattr(HFRuntime, "load", classmethod(checked_load))
+    code, _, err = run_cli(capsys, "quantize", tiny_recipe, "--out", tmp_path / "run", "--no-bench")
+    assert code == 0, err
+    assert len(made) == 3  # baseline, quantization model, artifact
+    assert alive_at_load == [0, 0]  # the reference's load, the evaluation's load
+    assert [ref() for ref in made] == [None, None, None]
