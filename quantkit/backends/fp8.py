@@ -8,6 +8,7 @@ from pydantic import Field
 
 from quantkit.backends.base import Artifact, Backend, BackendOptions, QuantizeJob
 from quantkit.backends.llmcompressor_run import run_oneshot
+from quantkit.backends.llmcompressor_session import released_session
 
 
 class FP8Options(BackendOptions):
@@ -50,7 +51,8 @@ class FP8Backend(Backend[FP8Options]):
         options = self.options
         modifier = QuantizationModifier(targets=options.targets, scheme=options.scheme, ignore=options.ignore)
         calibration = job.calibration if self.requires_calibration() else None
-        details = run_oneshot(job, modifier, calibration)
+        with released_session():
+            details = run_oneshot(job, modifier, calibration)
         scheme, bits = self.describe()
         return Artifact(
             path=job.out_dir,

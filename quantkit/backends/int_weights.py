@@ -158,8 +158,10 @@ class IntWeightBackend(Backend[IntOptionsT]):
 
     def _run(self, job: QuantizeJob, recipe: OneshotRecipe, calibrated: bool) -> Artifact:
         from quantkit.backends.llmcompressor_run import run_oneshot
+        from quantkit.backends.llmcompressor_session import released_session
 
-        details = run_oneshot(job, recipe, job.calibration if calibrated else None)
+        with released_session():
+            details = run_oneshot(job, recipe, job.calibration if calibrated else None)
         scheme, bits = self.describe()
         options = self.options
         if isinstance(options, IntWeightOptions) and options.overrides:
