@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, TypeVar
 from quantkit.stages.base import StageFailed, kind_of
 from quantkit.stages.results import StageResult
 from quantkit.util.faults import failpoint
+from quantkit.util.memory import release_freed_memory
 
 if TYPE_CHECKING:
     from quantkit.stages.base import Stage
@@ -64,6 +65,8 @@ class StageRunner:
             result = stage.parse(failed.result.model_dump(mode="json"))
             ctx.results.put(stage.name, result)
             return result
+        finally:
+            release_freed_memory()  # the next stage's model does not stack on this one's leftovers
         ctx.journal.complete(stage.name, output.result.model_dump(mode="json"), output.files)
         ctx.results.put(stage.name, output.result)
         return output.result
