@@ -123,8 +123,8 @@ def eval_ids(model: Path, ids_path: Path) -> tuple[int, str]:
     import numpy as np
     from transformers import AutoTokenizer
 
-    from quantkit.calibration import eval_windows
-    from quantkit.recipe import load_recipe
+    from quantkit.inputs.calibration import eval_windows
+    from quantkit.inputs.recipe import load_recipe
 
     spec = load_recipe(RECIPE, OVERRIDES).eval
     windows = eval_windows(spec, AutoTokenizer.from_pretrained(model))
@@ -184,8 +184,8 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=HERE / "results" / "memory.json")
     args = parser.parse_args()
 
-    from quantkit.environment import library_versions
-    from quantkit.models import resolve_model
+    from quantkit.inputs.models import resolve_model
+    from quantkit.util.environment import library_versions
 
     smollm2 = resolve_model("smollm2-135m").path
     shapes: dict[str, object] = {}
