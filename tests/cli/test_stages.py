@@ -83,6 +83,29 @@ def test_eval_run_then_gate_judges_the_updated_recovery(tmp_path: Path, tiny_mod
     ]
     expected = recovery(*sides)["quantkit_cloze"]
     assert again["metrics"]["quantized"]["task_recovery_pct"]["value"] == pytest.approx(expected)
+    _schema_2_sections_restore_the_same_results(run)
+
+
+def _schema_2_sections_restore_the_same_results(run: Path) -> None:
+    """The run as a schema-2 manifest recorded it (no result in its stage records) is rebuilt
+    from its sections into the same stage results the schema-3 records hold (seconds aside:
+    schema 2 kept one lm-eval total)."""
+    from quantkit.results.manifest import Manifest
+    from quantkit.stages.restore import restore
+
+    current = Manifest.model_validate_json((run / "manifest.json").read_text())
+    old = current.model_copy(deep=True)
+    old.schema_version = 2
+    for record in old.stages.values():
+        record.result = None
+    results, entries = restore(current, run)
+    rebuilt, old_entries = restore(old, run)
+    names = [name for name, _ in results.items()]
+    assert names == [name for name, _ in rebuilt.items()] == sorted(names)
+    assert set(names) >= {"reference", "quantize", "evaluate", "lm_eval.0", "lm_eval.1"}
+    for (name, result), (_, again) in zip(results.items(), rebuilt.items(), strict=True):
+        assert result.model_dump(exclude={"seconds"}) == again.model_dump(exclude={"seconds"}), name
+    assert set(entries) == set(old_entries)
 
 
 def test_a_run_being_updated_is_locked(tmp_path: Path, tiny_recipe: Path, capsys) -> None:
