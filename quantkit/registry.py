@@ -78,12 +78,18 @@ class Registry(Generic[T]):
         point = self.plugins().get(name)
         if point is None:
             raise self._error(f"unknown {self.kind} '{name}'", did_you_mean(name, self.names()))
-        try:
-            plugin: T = point.load()
-        except (ImportError, AttributeError) as err:
-            package = point.dist.name if point.dist is not None else "its package"
-            raise self._error(
-                f"the {self.kind} '{name}' from {package} ({point.value}) cannot be loaded: {err}",
-                f"reinstall {package}, or uninstall it",
-            ) from None
+        plugin: T = load_plugin(point, self.kind, self._error)  # type: ignore[assignment]
         return plugin
+
+
+def load_plugin(point: metadata.EntryPoint, kind: str, error: type[UserInputError]) -> object:
+    """What an installed package's entry point names; one that cannot be imported is an
+    ``error`` naming its package."""
+    try:
+        return point.load()
+    except (ImportError, AttributeError) as err:
+        package = point.dist.name if point.dist is not None else "its package"
+        raise error(
+            f"the {kind} '{point.name}' from {package} ({point.value}) cannot be loaded: {err}",
+            f"reinstall {package}, or uninstall it",
+        ) from None

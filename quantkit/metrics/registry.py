@@ -14,6 +14,7 @@ from importlib import metadata
 from quantkit.errors import UserInputError
 from quantkit.metrics.builtin import BUILTIN
 from quantkit.metrics.info import MetricInfo
+from quantkit.registry import load_plugin
 
 ENTRY_POINT_GROUP = "quantkit.metrics"
 
@@ -33,14 +34,7 @@ class MetricRegistry:
         for point in metadata.entry_points(group=self._group):
             if point.name in self._metrics:
                 continue
-            try:
-                info = point.load()
-            except (ImportError, AttributeError) as err:
-                package = point.dist.name if point.dist is not None else "its package"
-                raise UserInputError(
-                    f"the metric '{point.name}' from {package} ({point.value}) cannot be loaded: {err}",
-                    f"reinstall {package}, or uninstall it",
-                ) from None
+            info = load_plugin(point, "metric", UserInputError)
             if not isinstance(info, MetricInfo) or info.name != point.name:
                 raise UserInputError(
                     f"entry point '{point.name}' ({point.value}) is not a MetricInfo named '{point.name}'",

@@ -241,9 +241,11 @@ def evaluate_gate(
         )
     elif spec.require_significance:
         notes.append("significance requested but no per-window scores were given: point values compared")
-    thresholds = spec.thresholds()
+    thresholds, bounds = spec.thresholds(), gate_fields()
     checks = [
-        _threshold_check(spec, name, metrics, intervals) for name in gate_fields() if name in thresholds
+        _threshold_check(spec, (field, *bounds[field]), thresholds[field], metrics, intervals)
+        for field in bounds
+        if field in thresholds
     ]
     if any(name in thresholds for name in serve_fields()):
         checks.append(_served_without_failures(metrics))
@@ -256,11 +258,15 @@ def evaluate_gate(
 
 
 def _threshold_check(
-    spec: GateSpec, name: str, metrics: Mapping[str, float | None], intervals: dict[str, list[float]]
+    spec: GateSpec,
+    bound: tuple[str, str, Literal["max", "min"]],
+    threshold: float,
+    metrics: Mapping[str, float | None],
+    intervals: dict[str, list[float]],
 ) -> Check:
-    """The check of gate field ``name`` (set in ``spec``) on its metric; a missing value fails."""
-    metric, kind = gate_fields()[name]
-    threshold = spec.thresholds()[name]
+    """The check of ``bound`` (gate field, the metric it bounds, max or min) at ``threshold`` on
+    that metric; a missing value fails."""
+    name, metric, kind = bound
     value = metrics.get(metric)
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return Check(metric=metric, kind=kind, threshold=threshold, value=None, passed=False, field=name)
